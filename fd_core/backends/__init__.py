@@ -1,0 +1,28 @@
+"""Backends: the Backend class, the registry, and the built-in CPU reference.
+
+Owns backend discovery/selection (``registry``), the ``Backend``/``Ops``
+facade model code calls kernels through (``base``), and the CPU reference
+backend (``cpu``), which implements every hook ``trylast`` so hardware
+backends fall back to it op by op. May import: fd_core.plugins, fd_core.ops
+(lazily), fd_core.envs.
+"""
+
+from fd_core.backends.base import Backend, OpNotProvidedError, Ops
+from fd_core.backends.registry import (
+    BackendSelectionError,
+    BackendStatus,
+    format_listing,
+    get_backend,
+    list_backends,
+)
+
+__all__ = [
+    "Backend",
+    "BackendSelectionError",
+    "BackendStatus",
+    "OpNotProvidedError",
+    "Ops",
+    "format_listing",
+    "get_backend",
+    "list_backends",
+]

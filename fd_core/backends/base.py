@@ -1,0 +1,186 @@
+"""The Backend: one selected hardware plugin plus the CPU reference behind it.
+
+Model and layer code receive a backend's ``ops`` and call kernels through it;
+they never branch on the device. Each op is a ``firstresult`` hook: the
+selected backend answers first, the reference (``trylast``) answers whatever
+it leaves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+from fd_core.plugins.types import Availability, Capabilities, DeviceInfo, MemoryInfo
+
+__all__ = ["Backend", "Ops", "OpNotProvidedError"]
+
+Tensor = Any
+
+
+class OpNotProvidedError(NotImplementedError):
+    """No registered plugin answered an op (e.g. an unsupported quantization)."""
+
+
+class Ops:
+    """Typed call-through to the kernel hooks; see ``fd_core.plugins.hookspecs``."""
+
+    def __init__(self, pm: pluggy.PluginManager, backend_name: str) -> None:
+        self._hook = pm.hook
+        self._backend_name = backend_name
+
+    def _answer(self, op: str, result: Any, what: str = "") -> Any:
+        if result is None:
+            raise OpNotProvidedError(
+                f"no kernel for {op}{' (' + what + ')' if what else ''} in backend "
+                f"{self._backend_name!r} or the CPU reference"
+            )
+        return result
+
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> Any:
+        return self._answer(
+            "rms_norm", self._hook.fd_rms_norm(x=x, weight=weight, eps=eps, residual=residual)
+        )
+
+    def rotary_embedding(
+        self, q: Tensor, k: Tensor, positions: Tensor, cos_sin: Tensor, interleaved: bool = True
+    ) -> tuple[Tensor, Tensor]:
+        return self._answer(  # type: ignore[no-any-return]
+            "rotary_embedding",
+            self._hook.fd_rotary_embedding(
+                q=q, k=k, positions=positions, cos_sin=cos_sin, interleaved=interleaved
+            ),
+        )
+
+    def silu_and_mul(self, x: Tensor) -> Tensor:
+        return self._answer("silu_and_mul", self._hook.fd_silu_and_mul(x=x))
+
+    def linear(self, x: Tensor, weight: Tensor | None, bias: Tensor | None = None, quant: Any = None) -> Tensor:
+        method = getattr(quant, "method", "none")
+        return self._answer(
+            "linear", self._hook.fd_linear(x=x, weight=weight, bias=bias, quant=quant), method
+        )
+
+    def allocate_kv_cache(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
+    ) -> tuple[Tensor, Tensor]:
+        return self._answer(  # type: ignore[no-any-return]
+            "allocate_kv_cache",
+            self._hook.fd_allocate_kv_cache(
+                num_blocks=num_blocks, block_size=block_size, num_kv_heads=num_kv_heads,
+                head_dim=head_dim, dtype=dtype,
+            ),
+        )
+
+    def write_kv_cache(self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+        self._answer(
+            "write_kv_cache",
+            self._hook.fd_write_kv_cache(
+                k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping
+            ),
+        )
+
+    def prefill_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, metadata: Any, scale: float
+    ) -> Tensor:
+        return self._answer(
+            "prefill_attention",
+            self._hook.fd_prefill_attention(
+                q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, metadata=metadata, scale=scale
+            ),
+        )
+
+    def decode_attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, metadata: Any, scale: float) -> Tensor:
+        return self._answer(
+            "decode_attention",
+            self._hook.fd_decode_attention(
+                q=q, k_cache=k_cache, v_cache=v_cache, metadata=metadata, scale=scale
+            ),
+        )
+
+    def moe_select_experts(
+        self,
+        router_logits: Tensor,
+        top_k: int,
+        correction_bias: Tensor | None = None,
+        renormalize: bool = True,
+        norm_min: float = 1e-12,
+    ) -> tuple[Tensor, Tensor]:
+        return self._answer(  # type: ignore[no-any-return]
+            "moe_select_experts",
+            self._hook.fd_moe_select_experts(
+                router_logits=router_logits, top_k=top_k, correction_bias=correction_bias,
+                renormalize=renormalize, norm_min=norm_min,
+            ),
+        )
+
+    def moe_experts(
+        self,
+        x: Tensor,
+        topk_weights: Tensor,
+        topk_ids: Tensor,
+        up_gate_weights: Tensor,
+        down_weights: Tensor,
+        quant: Any = None,
+    ) -> Tensor:
+        return self._answer(
+            "moe_experts",
+            self._hook.fd_moe_experts(
+                x=x, topk_weights=topk_weights, topk_ids=topk_ids,
+                up_gate_weights=up_gate_weights, down_weights=down_weights, quant=quant,
+            ),
+        )
+
+    def sample(
+        self,
+        logits: Tensor,
+        temperature: Tensor,
+        top_k: Tensor,
+        top_p: Tensor,
+        min_p: Tensor,
+        uniforms: Tensor,
+        method: str = "sort",
+    ) -> Tensor:
+        return self._answer(
+            "sample",
+            self._hook.fd_sample(
+                logits=logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                min_p=min_p, uniforms=uniforms, method=method,
+            ),
+            method,
+        )
+
+    def communicator(self, world_size: int, rank: int, group: Any = None) -> Any:
+        return self._answer(
+            "communicator",
+            self._hook.fd_communicator(world_size=world_size, rank=rank, group=group),
+        )
+
+
+class Backend:
+    """A selected backend: its description, its plugin manager and its ops."""
+
+    def __init__(self, name: str, pm: pluggy.PluginManager) -> None:
+        self.name = name
+        self.pm = pm
+        self.ops = Ops(pm, name)
+
+    @property
+    def info(self) -> DeviceInfo:
+        return self.pm.hook.fd_device_info()  # type: ignore[no-any-return]
+
+    def availability(self) -> Availability:
+        return self.pm.hook.fd_device_availability()  # type: ignore[no-any-return]
+
+    def capabilities(self) -> Capabilities:
+        return self.pm.hook.fd_device_capabilities()  # type: ignore[no-any-return]
+
+    def memory(self, device_id: int = 0) -> MemoryInfo:
+        return self.pm.hook.fd_device_memory(device_id=device_id)  # type: ignore[no-any-return]
+
+    def set_device(self, device_id: int = 0) -> str:
+        return self.pm.hook.fd_set_device(device_id=device_id)  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name!r})"

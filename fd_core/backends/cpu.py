@@ -1,0 +1,173 @@
+"""The built-in CPU reference backend.
+
+Every hook is implemented with ``trylast=True``: it is the fallback for any
+op a hardware backend leaves unanswered, and the oracle the conformance
+suite compares backends against. Kernels are the ``reference_*`` functions
+of ``fd_core.ops`` (plain fp32 paddle ops, so they also run on any paddle
+device). Importing this module imports no paddle.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+from fd_core import envs
+from fd_core.plugins import API_VERSION, hookimpl
+from fd_core.plugins.types import Availability, Capabilities, DeviceInfo, MemoryInfo
+
+FD_API_VERSION = API_VERSION
+
+impl = hookimpl(trylast=True)
+
+
+def num_threads() -> int:
+    """Threads for CPU kernels: FD_CPU_NUM_THREADS, else the usable cores."""
+    configured = envs.get("FD_CPU_NUM_THREADS")
+    if configured is not None:
+        if configured < 1:
+            raise ValueError(f"FD_CPU_NUM_THREADS must be >= 1, got {configured}")
+        return int(configured)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@impl
+def fd_device_info() -> DeviceInfo:
+    return DeviceInfo(
+        name="cpu",
+        device_type="cpu",
+        visible_devices_env=None,
+        collective_backend="gloo",
+        paddle_package="paddlepaddle (pip install 'fd-core[cpu]')",
+        auto_priority=0,
+        description="reference kernels in fp32 paddle ops",
+    )
+
+
+@impl
+def fd_device_availability() -> Availability:
+    if importlib.util.find_spec("paddle") is None:
+        return Availability.unusable("paddle is not installed; pip install 'fd-core[cpu]'")
+    return Availability.ok(f"{num_threads()} threads", "fp32 reference kernels")
+
+
+@impl
+def fd_device_memory(device_id: int) -> MemoryInfo:
+    total = free = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            if key == "MemTotal":
+                total = int(value.split()[0]) * 1024
+            elif key == "MemAvailable":
+                free = int(value.split()[0]) * 1024
+    return MemoryInfo(total_bytes=total, free_bytes=free)
+
+
+@impl
+def fd_device_capabilities() -> Capabilities:
+    return Capabilities(kv_cache_dtypes=("float32",))
+
+
+@impl
+def fd_set_device(device_id: int) -> str:
+    from fd_core._paddle import import_paddle
+
+    paddle = import_paddle()
+    paddle.set_device("cpu")
+    paddle.base.core.set_num_threads(num_threads())
+    return "cpu"
+
+
+@impl
+def fd_rms_norm(x: Any, weight: Any, eps: float, residual: Any) -> Any:
+    from fd_core.ops.norm import reference_rms_norm
+
+    return reference_rms_norm(x, weight, eps, residual)
+
+
+@impl
+def fd_rotary_embedding(q: Any, k: Any, positions: Any, cos_sin: Any, interleaved: bool) -> Any:
+    from fd_core.ops.rope import reference_rotary_embedding
+
+    return reference_rotary_embedding(q, k, positions, cos_sin, interleaved)
+
+
+@impl
+def fd_silu_and_mul(x: Any) -> Any:
+    from fd_core.ops.activation import reference_silu_and_mul
+
+    return reference_silu_and_mul(x)
+
+
+@impl
+def fd_linear(x: Any, weight: Any, bias: Any, quant: Any) -> Any:
+    from fd_core.ops.linear import reference_linear
+
+    return reference_linear(x, weight, bias, quant)
+
+
+@impl
+def fd_allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str) -> Any:
+    from fd_core.ops.attention import reference_allocate_kv_cache
+
+    return reference_allocate_kv_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype)
+
+
+@impl
+def fd_write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
+    from fd_core.ops.attention import reference_write_kv_cache
+
+    return reference_write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+
+
+@impl
+def fd_prefill_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, metadata: Any, scale: float) -> Any:
+    from fd_core.ops.attention import reference_prefill_attention
+
+    return reference_prefill_attention(q, k, v, k_cache, v_cache, metadata, scale)
+
+
+@impl
+def fd_decode_attention(q: Any, k_cache: Any, v_cache: Any, metadata: Any, scale: float) -> Any:
+    from fd_core.ops.attention import reference_decode_attention
+
+    return reference_decode_attention(q, k_cache, v_cache, metadata, scale)
+
+
+@impl
+def fd_moe_select_experts(
+    router_logits: Any, top_k: int, correction_bias: Any, renormalize: bool, norm_min: float
+) -> Any:
+    from fd_core.ops.moe import reference_moe_select_experts
+
+    return reference_moe_select_experts(router_logits, top_k, correction_bias, renormalize, norm_min)
+
+
+@impl
+def fd_moe_experts(
+    x: Any, topk_weights: Any, topk_ids: Any, up_gate_weights: Any, down_weights: Any, quant: Any
+) -> Any:
+    from fd_core.ops.moe import reference_moe_experts
+
+    return reference_moe_experts(x, topk_weights, topk_ids, up_gate_weights, down_weights, quant)
+
+
+@impl
+def fd_sample(
+    logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any, uniforms: Any, method: str
+) -> Any:
+    from fd_core.ops.sampling import reference_sample
+
+    return reference_sample(logits, temperature, top_k, top_p, min_p, uniforms, method)
+
+
+@impl
+def fd_communicator(world_size: int, rank: int, group: Any) -> Any:
+    from fd_core.ops.collectives import Communicator
+
+    return Communicator(world_size, rank, group)

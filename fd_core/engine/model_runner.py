@@ -1,0 +1,105 @@
+"""The model runner: one forward over a step's batch on the paged KV cache.
+
+The scheduler describes a step as a ``StepInput`` (per request: new token
+ids, cached length after the step, block table; decodes first) and the
+runner returns logits for the requests that sample this step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fd_core._paddle import import_paddle
+from fd_core.backends.base import Backend
+from fd_core.layers.attention import KVCache
+from fd_core.model_loader.loader import load_model
+from fd_core.models.config import load_config
+from fd_core.ops.attention import AttentionMetadata
+
+__all__ = ["ModelRunner", "StepInput"]
+
+logger = logging.getLogger(__name__)
+paddle = import_paddle()
+
+
+@dataclass
+class StepInput:
+    """One step's batch, requests in order: decodes first, then prefills."""
+
+    token_ids: list[list[int]]  # request -> its new tokens this step
+    seq_lens: list[int]  # request -> tokens cached after this step (context + new)
+    block_tables: list[list[int]]  # request -> its KV block ids, in order
+    num_decodes: int  # requests [0, num_decodes) decode exactly one token
+    # request -> whether to return logits for its last new token (False for a
+    # prefill chunk that does not finish the prompt)
+    needs_logits: list[bool] = field(default_factory=list)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.token_ids)
+
+
+class ModelRunner:
+    """Owns the model, its KV cache, and the step forward."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        backend: Backend,
+        num_blocks: int,
+        block_size: int = 64,
+        max_model_len: int | None = None,
+        device_id: int = 0,
+    ) -> None:
+        self.backend = backend
+        self.ops = backend.ops
+        backend.set_device(device_id)
+        self.config = load_config(model_dir)
+        self.max_model_len = max_model_len or self.config.max_position_embeddings
+        if self.max_model_len > self.config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's "
+                f"max_position_embeddings {self.config.max_position_embeddings}"
+            )
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.model = load_model(model_dir, self.ops, self.max_model_len, self.config)
+        c = self.config
+        self.kv_caches = [
+            KVCache(*self.ops.allocate_kv_cache(num_blocks, block_size, c.num_kv_heads, c.head_dim, "float32"))
+            for _ in range(c.num_layers)
+        ]
+
+    @staticmethod
+    def kv_bytes_per_block(config: Any, block_size: int, dtype_bytes: int = 4) -> int:
+        """Bytes one KV block takes across all layers (K and V)."""
+        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * dtype_bytes
+
+    def execute(self, step: StepInput) -> Any:
+        """Run the step; returns logits ``[N, V]`` (fp32 paddle tensor) for the
+        requests with ``needs_logits``, in request order."""
+        if step.num_reqs == 0:
+            raise ValueError("empty step")
+        query_lens = [len(t) for t in step.token_ids]
+        for seq_len in step.seq_lens:
+            if seq_len > self.max_model_len:
+                raise ValueError(f"sequence length {seq_len} exceeds max_model_len {self.max_model_len}")
+        meta = AttentionMetadata.build(
+            query_lens, step.seq_lens, step.block_tables, self.block_size, step.num_decodes
+        )
+        flat = np.fromiter((t for ids in step.token_ids for t in ids), dtype=np.int64,
+                           count=sum(query_lens))
+        if flat.size and (flat.min() < 0 or flat.max() >= self.config.vocab_size):
+            raise ValueError(f"token id out of range [0, {self.config.vocab_size})")
+        needs = step.needs_logits or [True] * step.num_reqs
+        last = np.cumsum(query_lens) - 1
+        logits_rows = last[np.asarray(needs, dtype=bool)]
+        with paddle.no_grad():
+            return self.model.forward(
+                paddle.to_tensor(flat), meta, self.kv_caches, paddle.to_tensor(logits_rows.astype(np.int64))
+            )

@@ -1,0 +1,63 @@
+"""Self-attention over the paged KV cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fd_core._paddle import import_paddle
+from fd_core.backends.base import Ops
+from fd_core.layers.basic import Linear
+
+__all__ = ["Attention", "KVCache"]
+
+paddle = import_paddle()
+
+
+class KVCache:
+    """One layer's K and V cache, in the backend's own layout."""
+
+    def __init__(self, k: Any, v: Any) -> None:
+        self.k = k
+        self.v = v
+
+
+class Attention:
+    """Fused QKV projection, rotary embedding, cache write, paged attention,
+    output projection. ``qkv_proj.weight`` is ``[D, (H + 2*Hkv) * Dh]`` with
+    columns ``[q | k | v]``."""
+
+    def __init__(
+        self, ops: Ops, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+        interleaved_rope: bool = True,
+    ) -> None:
+        self.ops = ops
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+        self.interleaved_rope = interleaved_rope
+        self.q_size = num_heads * head_dim
+        self.kv_size = num_kv_heads * head_dim
+        self.qkv_proj = Linear(ops, hidden_size, self.q_size + 2 * self.kv_size)
+        self.o_proj = Linear(ops, self.q_size, hidden_size)
+
+    def __call__(self, x: Any, cos_sin: Any, meta: Any, cache: KVCache) -> Any:
+        # x: [T, D]
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q, k, v = paddle.split(qkv, [self.q_size, self.kv_size, self.kv_size], axis=-1)
+        q = q.reshape([num_tokens, self.num_heads, self.head_dim])
+        k = k.reshape([num_tokens, self.num_kv_heads, self.head_dim])
+        v = v.reshape([num_tokens, self.num_kv_heads, self.head_dim])
+        q, k = self.ops.rotary_embedding(q, k, meta.positions, cos_sin, self.interleaved_rope)
+        self.ops.write_kv_cache(k, v, cache.k, cache.v, meta.slot_mapping)
+        nd = meta.num_decodes
+        parts = []
+        if nd:
+            parts.append(self.ops.decode_attention(q[:nd], cache.k, cache.v, meta, self.scale))
+        if nd < num_tokens:
+            parts.append(self.ops.prefill_attention(
+                q[nd:], k[nd:], v[nd:], cache.k, cache.v, meta, self.scale
+            ))
+        out = parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)
+        return self.o_proj(out.reshape([num_tokens, self.q_size]))

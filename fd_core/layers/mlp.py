@@ -1,0 +1,56 @@
+"""Gated MLP (SwiGLU) and the mixture-of-experts block."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fd_core.backends.base import Ops
+from fd_core.layers.basic import Linear
+from fd_core.layers.param import Param
+
+__all__ = ["GatedMLP", "MoE"]
+
+
+class GatedMLP:
+    """``down(silu(gate(x)) * up(x))`` with ``up_gate_proj [D, 2I] = [gate | up]``."""
+
+    def __init__(self, ops: Ops, hidden_size: int, intermediate_size: int) -> None:
+        self.ops = ops
+        self.up_gate_proj = Linear(ops, hidden_size, 2 * intermediate_size)
+        self.down_proj = Linear(ops, intermediate_size, hidden_size)
+
+    def __call__(self, x: Any) -> Any:
+        return self.down_proj(self.ops.silu_and_mul(self.up_gate_proj(x)))
+
+
+class MoE:
+    """Routed experts (softmax router, top-k, selection-only correction bias,
+    renormalised weights) plus optional shared experts, summed."""
+
+    def __init__(
+        self, ops: Ops, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+        num_shared_experts: int, norm_min: float, use_correction_bias: bool,
+    ) -> None:
+        self.ops = ops
+        self.top_k = top_k
+        self.norm_min = norm_min
+        self.gate = Param((hidden_size, num_experts))  # router, fp32, [D, E]
+        self.correction_bias = Param((num_experts,)) if use_correction_bias else None
+        self.up_gate_proj = Param((num_experts, hidden_size, 2 * intermediate_size))
+        self.down_proj = Param((num_experts, intermediate_size, hidden_size))
+        self.expert_quant: Any = None
+        self.shared_experts = (
+            GatedMLP(ops, hidden_size, intermediate_size * num_shared_experts)
+            if num_shared_experts else None
+        )
+
+    def __call__(self, x: Any) -> Any:
+        router_logits = self.ops.linear(x.astype("float32"), self.gate.data)
+        bias = self.correction_bias.data if self.correction_bias is not None else None
+        weights, ids = self.ops.moe_select_experts(router_logits, self.top_k, bias, True, self.norm_min)
+        out = self.ops.moe_experts(
+            x, weights, ids, self.up_gate_proj.data, self.down_proj.data, self.expert_quant
+        )
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out

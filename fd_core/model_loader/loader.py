@@ -1,0 +1,130 @@
+"""Loading a checkpoint into a model, tensor by tensor.
+
+Each checkpoint tensor is read from its memory-mapped file, upcast to fp32,
+transposed/sliced into its parameter's host buffer, and a parameter moves to
+a paddle tensor as soon as it is complete, so peak host memory stays near
+the model's size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fd_core.model_loader.safetensors_io import SafetensorsError, SafetensorsFile
+from fd_core.models import registry
+from fd_core.models.config import ModelConfig, load_config
+
+__all__ = ["CheckpointError", "checkpoint_files", "load_model"]
+
+logger = logging.getLogger(__name__)
+
+# Tensors real checkpoints carry that the text model does not use.
+_IGNORED = re.compile(r"^(ernie\.|model\.)?mtp|\.rotary_emb\.inv_freq$")
+
+
+class CheckpointError(ValueError):
+    """The checkpoint does not match its config: names the tensor or key."""
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """Safetensors files of a checkpoint: the index's shards, or the files."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({exc})") from None
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} lists shards that do not exist: {', '.join(missing)}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors weights in {model_dir}")
+    return files
+
+
+def _detect_naming(names: list[str]) -> str:
+    if any(n.startswith("ernie.") for n in names):
+        return "paddle"
+    if any(n.startswith("model.") for n in names):
+        return "pytorch"
+    raise CheckpointError(
+        "cannot tell the checkpoint's naming: expected tensors under 'model.' (PyTorch) or "
+        f"'ernie.' (Paddle), found e.g. {names[:3]}"
+    )
+
+
+def _place(target: Any, name: str, array: np.ndarray) -> None:
+    if tuple(array.shape) != target.source_shape:
+        raise CheckpointError(
+            f"tensor {name!r} has shape {list(array.shape)}, but the config implies "
+            f"{list(target.source_shape)}"
+        )
+    if target.transpose:
+        array = np.swapaxes(array, -1, -2)
+    target.param.fill(np.asarray(array, dtype=np.float32), target.index)
+
+
+def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
+               config: ModelConfig | None = None) -> Any:
+    """Build the model named by ``model_dir/config.json`` and load its weights."""
+    start = time.perf_counter()
+    model_dir = Path(model_dir)
+    config = config or load_config(model_dir)
+    model_cls = registry.resolve(config.architecture)
+    model = model_cls(config, ops, max_position)
+    files = checkpoint_files(model_dir)
+    readers = []
+    try:
+        readers = [SafetensorsFile(f) for f in files]
+    except SafetensorsError as exc:
+        raise CheckpointError(str(exc)) from None
+    all_names = [n for r in readers for n in r.keys()]
+    naming = _detect_naming(all_names)
+    targets = model.checkpoint_targets(naming)
+    seen: set[str] = set()
+    unexpected: list[str] = []
+    for reader in readers:
+        for name in reader.keys():
+            if name not in targets:
+                if not (_IGNORED.search(name) or (name == "lm_head.weight" and config.tie_word_embeddings)):
+                    unexpected.append(name)
+                continue
+            if name in seen:
+                raise CheckpointError(f"tensor {name!r} appears in more than one shard")
+            seen.add(name)
+            array = reader.get(name)
+            for target in targets[name]:
+                _place(target, name, array)
+                if target.param.complete and target.param.data is None:
+                    target.param.finish()
+        reader.close()
+    missing = [n for n in targets if n not in seen]
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise CheckpointError(
+            f"checkpoint in {model_dir} ({naming} naming) is missing tensor(s) "
+            f"{', '.join(repr(m) for m in missing[:5])}{more} required by its config.json"
+        )
+    if unexpected:
+        more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+        raise CheckpointError(
+            f"checkpoint in {model_dir} has tensor(s) {', '.join(repr(u) for u in unexpected[:5])}"
+            f"{more} that {config.architecture} with this config.json does not use"
+        )
+    for name, param in model.parameters().items():
+        if param.data is None:
+            raise CheckpointError(f"parameter {name} was only partly filled by the checkpoint")
+    model.finish_loading()
+    logger.info("loaded %s (%s naming, %d tensors) in %.1f s", model_dir, naming, len(seen),
+                time.perf_counter() - start)
+    return model

@@ -1,0 +1,72 @@
+"""A memory-mapped safetensors reader yielding numpy arrays.
+
+The format is an 8-byte little-endian header length, a JSON header of
+``name -> {dtype, shape, data_offsets}``, then the raw data. Reading through
+``np.memmap`` touches only the bytes of the tensor asked for, so loading
+holds one tensor at a time, and bf16 (which numpy lacks) is widened to fp32
+by shifting its bits.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["SafetensorsFile", "SafetensorsError"]
+
+_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+class SafetensorsError(ValueError):
+    """The file is not a readable safetensors file."""
+
+
+class SafetensorsFile:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                (header_len,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(header_len))
+        except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SafetensorsError(f"{self.path}: not a readable safetensors file ({exc})") from None
+        self.metadata = header.pop("__metadata__", {})
+        self.header: dict[str, dict] = header
+        self._data_start = 8 + header_len
+        self._mmap: np.memmap | None = None
+
+    def keys(self) -> list[str]:
+        return list(self.header)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.header[name]["shape"])
+
+    def dtype(self, name: str) -> str:
+        return str(self.header[name]["dtype"])
+
+    def get(self, name: str) -> np.ndarray:
+        """The tensor as a numpy array: fp32 for bf16/fp16, else its own dtype."""
+        entry = self.header[name]
+        dtype = entry["dtype"]
+        if dtype not in _DTYPES:
+            raise SafetensorsError(f"{self.path}: tensor {name!r} has unsupported dtype {dtype}")
+        if self._mmap is None:
+            self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
+        start, end = entry["data_offsets"]
+        raw = self._mmap[self._data_start + start : self._data_start + end]
+        array = raw.view(_DTYPES[dtype]).reshape(entry["shape"])
+        if dtype == "BF16":
+            return (array.astype(np.uint32) << 16).view(np.float32)
+        if dtype == "F16":
+            return array.astype(np.float32)
+        return np.asarray(array)
+
+    def close(self) -> None:
+        self._mmap = None

@@ -1,0 +1,186 @@
+"""ERNIE 4.5: the dense (0.3B) and MoE (21B-A3B, 300B-A47B) text models.
+
+Decoder layers of GQA attention with interleaved rotary embedding and a
+gated SiLU MLP, RMSNorm before each block; layers from
+``moe_layer_start_index`` to ``moe_layer_end_index`` (every
+``moe_layer_interval``) replace the MLP by routed experts plus shared
+experts. Embeddings may be tied to the LM head.
+
+Weights are held in Paddle's layout (``[in, out]``, fused ``qkv_proj`` and
+``up_gate_proj``); ``checkpoint_targets`` says where every tensor of a
+PyTorch-named or Paddle-named checkpoint lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fd_core._paddle import import_paddle
+from fd_core.backends.base import Ops
+from fd_core.layers.attention import Attention, KVCache
+from fd_core.layers.basic import Linear, RMSNorm
+from fd_core.layers.mlp import GatedMLP, MoE
+from fd_core.layers.param import Param
+from fd_core.models.config import ModelConfig
+from fd_core.ops.rope import rope_cos_sin
+
+__all__ = ["Ernie4_5ForCausalLM", "Target"]
+
+paddle = import_paddle()
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one checkpoint tensor goes: ``param[index] = f(tensor)`` where
+    ``f`` transposes the last two axes when ``transpose`` and then reshapes
+    to the region (e.g. a ``[1, E]`` bias into ``[E]``)."""
+
+    param: Param
+    source_shape: tuple[int, ...]
+    index: tuple[Any, ...] = ()
+    transpose: bool = False
+
+
+class DecoderLayer:
+    def __init__(self, ops: Ops, config: ModelConfig, index: int) -> None:
+        c = config
+        self.input_layernorm = RMSNorm(ops, c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(ops, c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(ops, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim)
+        self.mlp: GatedMLP | MoE
+        if c.is_moe_layer(index):
+            self.mlp = MoE(
+                ops, c.hidden_size, c.moe_intermediate_size, c.num_experts, c.moe_k,
+                c.num_shared_experts, c.moe_norm_min, c.moe_use_correction_bias,
+            )
+        else:
+            self.mlp = GatedMLP(ops, c.hidden_size, c.intermediate_size)
+
+
+class Ernie4_5ForCausalLM:
+    """Dense and MoE ERNIE 4.5 (the MoE layers follow the config)."""
+
+    def __init__(self, config: ModelConfig, ops: Ops, max_position: int | None = None) -> None:
+        self.config = config
+        self.ops = ops
+        c = config
+        self.embed_tokens = Param((c.vocab_size, c.hidden_size))
+        self.layers = [DecoderLayer(ops, c, i) for i in range(c.num_layers)]
+        self.norm = RMSNorm(ops, c.hidden_size, c.rms_norm_eps)
+        self.lm_head = Linear(ops, c.hidden_size, c.vocab_size)  # [D, V]
+        self.max_position = max_position or c.max_position_embeddings
+        self.cos_sin = rope_cos_sin(c.head_dim, self.max_position, c.rope_theta)
+
+    def finish_loading(self) -> None:
+        """Called by the loader after every parameter is filled."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight.set(self.embed_tokens.data.t().contiguous())
+
+    def forward(self, input_ids: Any, meta: Any, caches: list[KVCache], logits_indices: Any) -> Any:
+        """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]``."""
+        h = paddle.gather(self.embed_tokens.data, input_ids)  # [T, D]
+        residual = None
+        for layer, cache in zip(self.layers, caches):
+            if residual is None:
+                x, residual = layer.input_layernorm(h), h
+            else:
+                x, residual = layer.input_layernorm(h, residual)
+            h = layer.self_attn(x, self.cos_sin, meta, cache)
+            x, residual = layer.post_attention_layernorm(h, residual)
+            h = layer.mlp(x)
+        h, _ = self.norm(h, residual)
+        if logits_indices is not None and logits_indices.shape[0] == 0:
+            return None
+        if logits_indices is not None:
+            h = paddle.gather(h, logits_indices)
+        return self.lm_head(h)
+
+    # ------------------------------------------------------------ loading
+
+    def parameters(self) -> dict[str, Param]:
+        """Every parameter the checkpoint must fill, by a readable name."""
+        params = {"embed_tokens": self.embed_tokens, "norm": self.norm.weight}
+        if not self.config.tie_word_embeddings:
+            params["lm_head"] = self.lm_head.weight
+        for i, layer in enumerate(self.layers):
+            p = f"layers.{i}."
+            params[p + "input_layernorm"] = layer.input_layernorm.weight
+            params[p + "post_attention_layernorm"] = layer.post_attention_layernorm.weight
+            params[p + "qkv_proj"] = layer.self_attn.qkv_proj.weight
+            params[p + "o_proj"] = layer.self_attn.o_proj.weight
+            mlp = layer.mlp
+            if isinstance(mlp, MoE):
+                params[p + "gate"] = mlp.gate
+                params[p + "experts.up_gate_proj"] = mlp.up_gate_proj
+                params[p + "experts.down_proj"] = mlp.down_proj
+                if mlp.correction_bias is not None:
+                    params[p + "e_score_correction_bias"] = mlp.correction_bias
+                if mlp.shared_experts is not None:
+                    params[p + "shared_experts.up_gate_proj"] = mlp.shared_experts.up_gate_proj.weight
+                    params[p + "shared_experts.down_proj"] = mlp.shared_experts.down_proj.weight
+            else:
+                params[p + "up_gate_proj"] = mlp.up_gate_proj.weight
+                params[p + "down_proj"] = mlp.down_proj.weight
+        return params
+
+    def checkpoint_targets(self, naming: str) -> dict[str, list[Target]]:
+        """Checkpoint tensor name -> where it lands, for ``naming`` in
+        ``{"pytorch", "paddle"}``. Every listed tensor is required."""
+        c = self.config
+        torch_names = naming == "pytorch"
+        root = "model." if torch_names else "ernie."
+        out: dict[str, list[Target]] = {}
+
+        def add(name: str, param: Param, shape: tuple[int, ...], index: tuple[Any, ...] = (),
+                transpose: bool = False) -> None:
+            out.setdefault(name, []).append(Target(param, shape, index, transpose))
+
+        def linear(name: str, param: Param, in_f: int, out_f: int, cols: slice | None = None,
+                   expert: int | None = None) -> None:
+            # PyTorch stores [out, in]; Paddle stores [in, out].
+            shape = (out_f, in_f) if torch_names else (in_f, out_f)
+            index: tuple[Any, ...] = () if expert is None else (expert,)
+            if cols is not None:
+                index = (*index, slice(None), cols)
+            add(name, param, shape, index, transpose=torch_names)
+
+        def gated(prefix: str, up_gate: Param, down: Param, size: int, expert: int | None = None) -> None:
+            if torch_names:
+                linear(prefix + "gate_proj.weight", up_gate, c.hidden_size, size, slice(0, size), expert)
+                linear(prefix + "up_proj.weight", up_gate, c.hidden_size, size, slice(size, 2 * size), expert)
+            else:
+                linear(prefix + "up_gate_proj.weight", up_gate, c.hidden_size, 2 * size, None, expert)
+            linear(prefix + "down_proj.weight", down, size, c.hidden_size, None, expert)
+
+        add(root + "embed_tokens.weight", self.embed_tokens, (c.vocab_size, c.hidden_size))
+        add(root + "norm.weight", self.norm.weight, (c.hidden_size,))
+        if not c.tie_word_embeddings:
+            linear("lm_head.weight", self.lm_head.weight, c.hidden_size, c.vocab_size)
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        for i, layer in enumerate(self.layers):
+            p = f"{root}layers.{i}."
+            add(p + "input_layernorm.weight", layer.input_layernorm.weight, (c.hidden_size,))
+            add(p + "post_attention_layernorm.weight", layer.post_attention_layernorm.weight, (c.hidden_size,))
+            attn = layer.self_attn
+            if torch_names:
+                for name, cols in (("q", slice(0, q)), ("k", slice(q, q + kv)), ("v", slice(q + kv, q + 2 * kv))):
+                    width = cols.stop - cols.start
+                    linear(f"{p}self_attn.{name}_proj.weight", attn.qkv_proj.weight, c.hidden_size, width, cols)
+            else:
+                linear(p + "self_attn.qkv_proj.weight", attn.qkv_proj.weight, c.hidden_size, q + 2 * kv)
+            linear(p + "self_attn.o_proj.weight", attn.o_proj.weight, q, c.hidden_size)
+            mlp = layer.mlp
+            if isinstance(mlp, MoE):
+                linear(p + "mlp.gate.weight", mlp.gate, c.hidden_size, c.num_experts)
+                if mlp.correction_bias is not None:
+                    add(p + "mlp.moe_statics.e_score_correction_bias", mlp.correction_bias, (1, c.num_experts))
+                for e in range(c.num_experts):
+                    gated(f"{p}mlp.experts.{e}.", mlp.up_gate_proj, mlp.down_proj, c.moe_intermediate_size, e)
+                if mlp.shared_experts is not None:
+                    shared = mlp.shared_experts
+                    gated(p + "mlp.shared_experts.", shared.up_gate_proj.weight, shared.down_proj.weight,
+                          c.moe_intermediate_size * c.num_shared_experts)
+            else:
+                gated(p + "mlp.", mlp.up_gate_proj.weight, mlp.down_proj.weight, c.intermediate_size)
+        return out

@@ -1,0 +1,197 @@
+"""Paged attention: the step's metadata, the cache write, prefill and decode.
+
+A step's requests are ordered decodes first (one new token each), then
+prefills (a chunk of new tokens each, possibly after cached context). The
+metadata is built once per step on the host and shared by every layer;
+kernels may keep derived per-step tensors in ``metadata.workspace``.
+
+Reference cache layout: ``[num_blocks * block_size, Hkv, Dh]`` per layer, so
+slot ``block_id * block_size + offset`` is one row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fd_core._paddle import import_paddle
+
+__all__ = [
+    "AttentionMetadata",
+    "reference_allocate_kv_cache",
+    "reference_decode_attention",
+    "reference_prefill_attention",
+    "reference_write_kv_cache",
+]
+
+paddle = import_paddle()
+
+_NEG = -1e30  # additive mask; every query row keeps at least one key
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step description of where each request's tokens live in the cache."""
+
+    num_decodes: int  # requests [0, num_decodes) decode one token each
+    block_size: int
+    query_lens: np.ndarray  # [B] int64, new tokens per request this step
+    seq_lens: np.ndarray  # [B] int64, tokens in the cache per request after this step
+    block_tables: np.ndarray  # [B, max_blocks] int64, padded with 0
+    positions: Any  # [T] int64 paddle tensor, absolute position of each new token
+    slot_mapping: Any  # [T] int64 paddle tensor, cache slot of each new token
+    workspace: dict[str, Any] = field(default_factory=dict)  # per-step kernel scratch
+
+    @property
+    def num_reqs(self) -> int:
+        return int(self.query_lens.shape[0])
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return self.num_decodes
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.query_lens.sum())
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        seq_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        num_decodes: int,
+    ) -> AttentionMetadata:
+        """Compute positions and slot mapping for a step (vectorised, on host)."""
+        qlens = np.asarray(query_lens, dtype=np.int64)
+        slens = np.asarray(seq_lens, dtype=np.int64)
+        if (qlens < 1).any() or (slens < qlens).any():
+            raise ValueError(f"bad step: query_lens={query_lens} seq_lens={seq_lens}")
+        if not (qlens[:num_decodes] == 1).all():
+            raise ValueError(f"the first {num_decodes} requests must decode one token each")
+        width = max((len(t) for t in block_tables), default=0) or 1
+        tables = np.zeros((len(block_tables), width), dtype=np.int64)
+        for i, table in enumerate(block_tables):
+            tables[i, : len(table)] = table
+        starts = np.concatenate([[0], np.cumsum(qlens)[:-1]])
+        req = np.repeat(np.arange(len(qlens)), qlens)
+        pos = (slens - qlens)[req] + np.arange(int(qlens.sum())) - starts[req]
+        if (pos // block_size >= np.asarray([len(t) for t in block_tables])[req]).any():
+            raise ValueError("a request's block table is too short for its sequence length")
+        slots = tables[req, pos // block_size] * block_size + pos % block_size
+        return cls(
+            num_decodes=num_decodes,
+            block_size=block_size,
+            query_lens=qlens,
+            seq_lens=slens,
+            block_tables=tables,
+            positions=paddle.to_tensor(pos, dtype="int64"),
+            slot_mapping=paddle.to_tensor(slots, dtype="int64"),
+        )
+
+
+def reference_allocate_kv_cache(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str = "float32"
+) -> tuple[Any, Any]:
+    shape = [num_blocks * block_size, num_kv_heads, head_dim]
+    return paddle.zeros(shape, dtype=dtype), paddle.zeros(shape, dtype=dtype)
+
+
+def reference_write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any) -> bool:
+    """Scatter ``k, v [T, Hkv, Dh]`` into the cache rows ``slot_mapping [T]``."""
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    paddle.scatter_(k_cache, slot_mapping, k.astype(k_cache.dtype), overwrite=True)
+    paddle.scatter_(v_cache, slot_mapping, v.astype(v_cache.dtype), overwrite=True)
+    return True
+
+
+@dataclass
+class _Gather:
+    """Host-built indices for one group of requests (decodes or prefills)."""
+
+    key_slots: Any  # [B * Lmax] cache rows, 0 where padded
+    query_index: Any  # [B * Qmax] row of q (or the appended zero row) per padded query
+    token_index: Any  # [Tq] padded row of each real query token
+    bias: Any  # [B, 1, 1, Qmax, Lmax] additive causal/length mask
+    num_reqs: int
+    max_q: int
+    max_len: int
+
+
+def _gather_plan(meta: AttentionMetadata, first: int, last: int) -> _Gather:
+    qlens = meta.query_lens[first:last]
+    slens = meta.seq_lens[first:last]
+    tables = meta.block_tables[first:last]
+    n, max_q, max_len = len(qlens), int(qlens.max()), int(slens.max())
+    bs = meta.block_size
+    j = np.arange(max_len)
+    key_slots = tables[:, j // bs] * bs + j % bs  # [B, Lmax]
+    key_slots = np.where(j[None, :] < slens[:, None], key_slots, 0)
+    starts = np.concatenate([[0], np.cumsum(qlens)[:-1]])
+    i = np.arange(max_q)
+    real = i[None, :] < qlens[:, None]  # [B, Qmax]
+    num_q = int(qlens.sum())
+    query_index = np.where(real, starts[:, None] + i[None, :], num_q)  # num_q -> zero row
+    token_index = (np.arange(n)[:, None] * max_q + i[None, :])[real]
+    qpos = (slens - qlens)[:, None] + i[None, :]  # [B, Qmax]
+    allowed = j[None, None, :] <= qpos[:, :, None]
+    allowed &= j[None, None, :] < slens[:, None, None]
+    allowed |= ~real[:, :, None] & (j[None, None, :] == 0)  # padded rows: any finite row
+    bias = np.where(allowed, 0.0, _NEG).astype(np.float32)[:, None, None, :, :]
+    return _Gather(
+        key_slots=paddle.to_tensor(key_slots.reshape(-1)),
+        query_index=paddle.to_tensor(query_index.reshape(-1)),
+        token_index=paddle.to_tensor(token_index.astype(np.int64)),
+        bias=paddle.to_tensor(bias),
+        num_reqs=n,
+        max_q=max_q,
+        max_len=max_len,
+    )
+
+
+def _paged_attention(q: Any, k_cache: Any, v_cache: Any, plan: _Gather, scale: float) -> Any:
+    # q: [Tq, H, Dh]; cache: [S, Hkv, Dh]
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv = k_cache.shape[1]
+    group = num_heads // num_kv
+    b, qmax, lmax = plan.num_reqs, plan.max_q, plan.max_len
+    q_ext = paddle.concat([q, paddle.zeros([1, num_heads, head_dim], dtype=q.dtype)])
+    qp = paddle.gather(q_ext, plan.query_index).reshape([b, qmax, num_kv, group, head_dim])
+    qp = qp.transpose([0, 2, 3, 1, 4])  # [B, Hkv, G, Qmax, Dh]
+    keys = paddle.gather(k_cache, plan.key_slots).reshape([b, lmax, num_kv, head_dim])
+    values = paddle.gather(v_cache, plan.key_slots).reshape([b, lmax, num_kv, head_dim])
+    keys = keys.transpose([0, 2, 3, 1]).unsqueeze(2)  # [B, Hkv, 1, Dh, Lmax]
+    values = values.transpose([0, 2, 1, 3]).unsqueeze(2)  # [B, Hkv, 1, Lmax, Dh]
+    scores = paddle.matmul(qp, keys) * scale + plan.bias  # [B, Hkv, G, Qmax, Lmax]
+    probs = paddle.nn.functional.softmax(scores, axis=-1)
+    out = paddle.matmul(probs, values)  # [B, Hkv, G, Qmax, Dh]
+    out = out.transpose([0, 3, 1, 2, 4]).reshape([b * qmax, num_heads, head_dim])
+    return paddle.gather(out, plan.token_index)
+
+
+def _plan(meta: AttentionMetadata, key: str, first: int, last: int) -> _Gather:
+    plan = meta.workspace.get(key)
+    if plan is None:
+        plan = meta.workspace[key] = _gather_plan(meta, first, last)
+    return plan  # type: ignore[no-any-return]
+
+
+def reference_prefill_attention(
+    q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, metadata: AttentionMetadata, scale: float
+) -> Any:
+    """Causal attention of the prefill requests' new tokens over their cache."""
+    plan = _plan(metadata, "reference.prefill", metadata.num_decodes, metadata.num_reqs)
+    return _paged_attention(q, k_cache, v_cache, plan, scale)
+
+
+def reference_decode_attention(
+    q: Any, k_cache: Any, v_cache: Any, metadata: AttentionMetadata, scale: float
+) -> Any:
+    """One query per decode request over its first ``seq_len`` cached tokens."""
+    plan = _plan(metadata, "reference.decode", 0, metadata.num_decodes)
+    return _paged_attention(q, k_cache, v_cache, plan, scale)

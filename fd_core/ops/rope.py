@@ -1,0 +1,47 @@
+"""Rotary position embedding: the cos/sin table and the rotation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fd_core._paddle import import_paddle
+
+__all__ = ["rope_cos_sin", "reference_rotary_embedding"]
+
+paddle = import_paddle()
+
+
+def rope_cos_sin(head_dim: int, max_position: int, theta: float) -> Any:
+    """``[max_position, head_dim]`` = ``concat(cos, sin)`` of the ``head_dim/2``
+    frequencies ``theta ** (-2i / head_dim)`` at each position (fp32, as HF)."""
+    if head_dim % 2:
+        raise ValueError(f"rotary embedding needs an even head_dim, got {head_dim}")
+    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+    freqs = np.arange(max_position, dtype=np.float32)[:, None] * inv_freq[None, :]
+    return paddle.to_tensor(np.concatenate([np.cos(freqs), np.sin(freqs)], axis=-1))
+
+
+def _rotate(x: Any, cos: Any, sin: Any, interleaved: bool) -> Any:
+    # x: [T, H, Dh]; cos/sin: [T, 1, Dh/2]
+    num_tokens, num_heads, head_dim = x.shape
+    if interleaved:
+        pairs = x.reshape([num_tokens, num_heads, head_dim // 2, 2])
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+        out = paddle.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+        return out.reshape([num_tokens, num_heads, head_dim])
+    x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2 :]
+    return paddle.concat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def reference_rotary_embedding(
+    q: Any, k: Any, positions: Any, cos_sin: Any, interleaved: bool = True
+) -> tuple[Any, Any]:
+    """Rotate ``q [T, H, Dh]`` and ``k [T, Hkv, Dh]`` at ``positions [T]``."""
+    half = cos_sin.shape[-1] // 2
+    table = paddle.gather(cos_sin, positions)  # [T, Dh]
+    cos = table[:, :half].unsqueeze(1)
+    sin = table[:, half:].unsqueeze(1)
+    return _rotate(q, cos, sin, interleaved), _rotate(k, cos, sin, interleaved)

@@ -1,0 +1,303 @@
+"""The plugin API: every hook a backend (or general plugin) may implement.
+
+A backend is a module of ``@hookimpl`` functions registered under the pluggy
+project name ``fd_core``. It is found through the entry-point group
+``fd_core.backends``; general plugins (models, parsers, quantization methods)
+use ``fd_core.plugins``. Only the *selected* backend and the built-in CPU
+reference (registered ``trylast=True``) sit in the plugin manager that runs a
+model, so every ``firstresult`` kernel hook stops at the first non-None
+result: a backend answers the ops it has and returns None (or does not
+implement the hook) for the rest, which then fall through to the reference.
+
+Implementations may accept a subset of a hook's arguments (pluggy passes
+only the names they declare), so hooks can grow new arguments without
+breaking plugins. Hooks are always called with keyword arguments.
+
+Tensor conventions: paddle Tensors; a step's tokens are flattened to
+``[T, ...]`` (T = new tokens in the step across all requests); ``H``/``Hkv``
+are query/KV heads, ``Dh`` the head size, ``D`` the hidden size.
+A plugin declares ``FD_API_VERSION = API_VERSION`` at module level; a plugin
+built for another major version is refused with a message saying so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+__all__ = ["API_VERSION", "PROJECT_NAME", "hookimpl", "hookspec"]
+
+PROJECT_NAME = "fd_core"
+# Bumped (major) when a hook's meaning or required arguments change.
+API_VERSION = 1
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+Tensor = Any  # paddle.Tensor; not imported so the API loads without paddle
+
+
+# ---------------------------------------------------------------- device
+
+
+@hookspec(firstresult=True)
+def fd_device_info() -> Any:
+    """Describe the device this backend drives.
+
+    Called by the registry when backends are discovered and listed, before
+    anything heavy is imported. Returns a ``fd_core.plugins.types.DeviceInfo``
+    (name, paddle device type, visible-devices variable, collective backend,
+    which paddle build it needs). Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_device_availability() -> Any:
+    """Say whether this backend can run on this machine, and why not.
+
+    Called by the listing and by ``--backend auto``. Must be free of side
+    effects: no device initialisation that cannot be undone, no memory
+    allocated, never raises (an exception becomes "unusable: <error>").
+    Returns ``fd_core.plugins.types.Availability``.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_device_memory(device_id: int) -> Any:
+    """Report total and free memory of device ``device_id`` (local index).
+
+    Called once by the engine when it sizes the KV cache, after the model
+    weights are loaded. Returns ``fd_core.plugins.types.MemoryInfo``.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_device_capabilities() -> Any:
+    """Report optional features: graph capture, fp8, bf16, supported
+    quantization methods and KV-cache dtypes.
+
+    Called at engine start-up to validate flags (``--quantization``,
+    ``--use-cudagraph``). Returns ``fd_core.plugins.types.Capabilities``.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_set_device(device_id: int) -> Any:
+    """Make ``device_id`` the current device of this process.
+
+    Called once per worker process before the model is built. Returns
+    the paddle place string (e.g. ``"gpu:0"``, ``"cpu"``).
+    """
+
+
+# ------------------------------------------------------------- kernels
+
+
+@hookspec(firstresult=True)
+def fd_rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None) -> Any:
+    """RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps) * weight``.
+
+    Called by every norm layer, once per layer per step, with ``x [T, D]``.
+    When ``residual [T, D]`` is given, first ``x = x + residual`` and return
+    ``(normed, x)`` (the sum becomes the next residual); otherwise return
+    ``normed``. Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_rotary_embedding(
+    q: Tensor, k: Tensor, positions: Tensor, cos_sin: Tensor, interleaved: bool
+) -> Any:
+    """Rotate ``q [T, H, Dh]`` and ``k [T, Hkv, Dh]`` by their positions.
+
+    Called by attention layers each step. ``positions [T]`` int64;
+    ``cos_sin [max_pos, Dh]`` is ``concat(cos, sin)`` of the ``Dh/2``
+    frequencies per position. ``interleaved=True`` (ERNIE 4.5) rotates pairs
+    ``(x[0::2], x[1::2])``; False rotates halves (NeoX style). Returns
+    ``(q, k)`` rotated (new tensors or in place). Stops at first non-None.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_silu_and_mul(x: Tensor) -> Any:
+    """``silu(gate) * up`` for ``x [T, 2*I] = [gate | up]``; returns ``[T, I]``.
+
+    Called by every MLP and expert FFN. Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_linear(x: Tensor, weight: Tensor, bias: Tensor | None, quant: Any) -> Any:
+    """``x [T, in] @ W + bias`` for one linear layer.
+
+    Called by every linear layer each step. ``quant`` is None for an
+    unquantized layer, whose ``weight`` is ``[in, out]`` float; otherwise a
+    ``fd_core.ops.linear.QuantizedWeight`` (method name, packed weight,
+    scales) and ``weight`` is None. A backend returns None for a method it
+    does not implement. Returns ``[T, out]``. Stops at first non-None.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_allocate_kv_cache(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
+) -> Any:
+    """Allocate one layer's paged K and V cache; returns ``(k_cache, v_cache)``.
+
+    Called by the model runner once per attention layer at start-up. The
+    layout is the backend's own: only its cache-write and attention kernels
+    look inside. The reference uses ``[num_blocks * block_size, Hkv, Dh]``
+    so a slot ``block_id * block_size + offset`` is one row.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_write_kv_cache(
+    k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+) -> Any:
+    """Store the step's new ``k, v [T, Hkv, Dh]`` into their cache slots.
+
+    Called by each attention layer before attention. ``slot_mapping [T]``
+    int64 gives ``block_id * block_size + offset`` per token; a slot of -1
+    means "do not store" (padding). Writes in place; returns True.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_prefill_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    metadata: Any,
+    scale: float,
+) -> Any:
+    """Causal attention for the prefill part of a step, over the paged cache.
+
+    Called by each attention layer when the step has prefill tokens, after
+    ``fd_write_kv_cache``. ``q [Tp, H, Dh]``, ``k, v [Tp, Hkv, Dh]`` are the
+    new tokens of the prefill requests (requests ``metadata.num_decodes ..
+    num_reqs-1``, ragged, in order). A request's chunk may follow context
+    already in the cache (chunked prefill, prefix-cache hits): token ``i`` of
+    a chunk sits at position ``seq_len - query_len + i`` and attends to every
+    cached position up to its own. ``metadata`` is
+    ``fd_core.ops.attention.AttentionMetadata``. GQA: query head ``h`` uses
+    KV head ``h // (H // Hkv)``. Returns ``[Tp, H, Dh]``.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_decode_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, metadata: Any, scale: float
+) -> Any:
+    """Attention of one new token per request over its paged cache.
+
+    Called by each attention layer when the step has decode requests (the
+    first ``metadata.num_decodes`` requests, one token each), after the
+    cache write. ``q [B, H, Dh]``; request ``b`` attends to its first
+    ``metadata.seq_lens[b]`` cached positions. Returns ``[B, H, Dh]``.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_moe_select_experts(
+    router_logits: Tensor,
+    top_k: int,
+    correction_bias: Tensor | None,
+    renormalize: bool,
+    norm_min: float,
+) -> Any:
+    """Route each token to ``top_k`` experts.
+
+    Called by MoE layers each step with ``router_logits [T, E]`` (fp32).
+    Probabilities are ``softmax(router_logits)``; experts are *selected* by
+    ``probs + correction_bias`` (``[E]``, may be None) but *weighted* by
+    ``probs`` alone; with ``renormalize`` the weights are divided by
+    ``max(sum of the top_k weights, norm_min)``. Returns
+    ``(topk_weights [T, k] fp32, topk_ids [T, k] int64)``.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_moe_experts(
+    x: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    up_gate_weights: Tensor,
+    down_weights: Tensor,
+    quant: Any,
+) -> Any:
+    """The routed experts' FFN: ``sum_k w[t,k] * FFN_{ids[t,k]}(x[t])``.
+
+    Called by MoE layers each step. ``x [T, D]``; unquantized weights are
+    ``up_gate_weights [E, D, 2*I]`` (``[gate | up]``) and
+    ``down_weights [E, I, D]``; ``FFN_e(x) = silu_and_mul(x @ up_gate[e]) @
+    down[e]``. Experts may receive any number of tokens, including none.
+    ``quant`` is None or a per-expert ``QuantizedWeight`` pair. Returns
+    ``[T, D]``. Shared experts are not included: MoE layers run them as a
+    dense MLP through ``fd_linear`` and add them to this result.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_sample(
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    min_p: Tensor,
+    uniforms: Tensor,
+    method: str,
+) -> Any:
+    """Draw one token per row of ``logits [B, V]`` (fp32, penalties applied).
+
+    Called by the sampler once per step. Per row: ``temperature [B]`` (0 means
+    greedy argmax), ``top_k [B]`` int64 (0 = off), ``top_p [B]`` (1 = off),
+    ``min_p [B]`` (0 = off). All randomness comes from ``uniforms [B, R]``
+    (uniform in [0, 1), drawn per request from its own seeded generator), so
+    a request's draw does not depend on its batch neighbours. ``method`` is
+    ``"sort"`` (inverse CDF over the sorted, filtered distribution, using
+    ``uniforms[:, 0]``) or ``"rejection"`` (no full sort; may use further
+    columns; same distribution). Returns token ids ``[B]`` int64.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_communicator(world_size: int, rank: int, group: Any) -> Any:
+    """Return the collective communicator for tensor/expert parallelism.
+
+    Called once per worker process after the process group is initialised.
+    The object provides ``all_reduce(x)`` (sum, returns the reduced
+    tensor), ``all_gather(x, axis)`` and ``all_to_all(x)``; see
+    ``fd_core.ops.collectives.Communicator``.
+    """
+
+
+# --------------------------------------------------------- general plugins
+
+
+@hookspec
+def fd_register_models(registry: Any) -> None:
+    """Add model classes: ``registry.register(architecture_name, cls)``.
+
+    Called once when the model registry is first used, for every loaded
+    general plugin (entry-point group ``fd_core.plugins``).
+    """
+
+
+@hookspec
+def fd_register_parsers(reasoning: Any, tool_call: Any) -> None:
+    """Add reasoning or tool-call parsers to the two registries.
+
+    Called once when a parser registry is first used.
+    """
+
+
+@hookspec
+def fd_register_quantization_methods(registry: Any) -> None:
+    """Add quantization methods: ``registry.register(name, method)``.
+
+    Called once when the quantization registry is first used.
+    """
