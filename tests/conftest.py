@@ -1,0 +1,34 @@
+"""Shared fixtures: generated checkpoints (cached per session) and the CPU backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def checkpoint_factory(tmp_path_factory: pytest.TempPathFactory):
+    """``make(shape, naming="pytorch", seed=0, **overrides) -> Path``, cached."""
+    from fd_core.testing.checkpoints import generate_checkpoint
+
+    cache: dict[tuple, Path] = {}
+    root = tmp_path_factory.mktemp("checkpoints")
+
+    def make(shape: str, naming: str = "pytorch", seed: int = 0, **overrides) -> Path:
+        key = (shape, naming, seed, tuple(sorted(overrides.items())))
+        if key not in cache:
+            out = root / f"{shape}-{naming}-{seed}-{len(cache)}"
+            cache[key] = Path(generate_checkpoint(out, shape, naming=naming, seed=seed, **overrides))
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def cpu_backend():
+    from fd_core.backends import get_backend
+
+    backend = get_backend("cpu")
+    backend.set_device(0)
+    return backend
