@@ -1,0 +1,1 @@
+"""Testing support: generated checkpoints, and the conformance suite a backend runs against the CPU oracle."""
