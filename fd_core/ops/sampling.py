@@ -64,7 +64,12 @@ def _sample_sorted(probs: Any, top_k: Any, top_p: Any, min_p: Any, u: Any) -> An
 def _sample_rejection(probs: Any, top_k: Any, top_p: Any, min_p: Any, uniforms: Any) -> Any:
     """Rejection sampling with a rising pivot: draw from ``probs > pivot``
     in vocabulary order (no sort); accept if the token is inside the
-    top-k/top-p set, else raise the pivot to its probability and redraw."""
+    top-k/top-p set, else raise the pivot to its probability and redraw.
+
+    Rounds use ``uniforms[:, :-1]``; a row still unaccepted after them falls
+    back to the sort method with the last column, which no round has looked
+    at (reusing a round's uniform would bias the fallback towards the
+    tokens that round rejected). With one column, this is the sort method."""
     vocab = probs.shape[-1]
     pmax = probs.max(axis=-1, keepdim=True)
     probs = paddle.where(probs >= min_p.unsqueeze(-1) * pmax, probs, paddle.zeros_like(probs))
@@ -75,7 +80,7 @@ def _sample_rejection(probs: Any, top_k: Any, top_p: Any, min_p: Any, uniforms: 
     total = paddle.where(in_topk, top_vals, paddle.zeros_like(top_vals)).sum(axis=-1)
     pivot = paddle.zeros_like(pmax.squeeze(-1))
     result = paddle.full_like(k, -1)
-    for r in range(uniforms.shape[1]):
+    for r in range(uniforms.shape[1] - 1):
         candidates = paddle.where(probs > pivot.unsqueeze(-1), probs, paddle.zeros_like(probs))
         token = _inverse_cdf(candidates, uniforms[:, r])
         p = paddle.take_along_axis(probs, token.unsqueeze(-1), axis=-1)  # [B, 1]

@@ -1,0 +1,216 @@
+"""The Sampler: one step's logits and per-request state in, one token per row out.
+
+Order of work in ``Sampler.sample`` (as vLLM v1):
+
+1. raw logprobs are taken from the logits as they come (see ``logprobs``);
+2. ``logit_bias``, then bans (bad words, ``min_tokens``) (``penalties``);
+3. repetition, presence and frequency penalties (``penalties``);
+4. the backend's ``sample`` op: temperature, min-p -> top-k -> top-p and the
+   draw; greedy rows take the argmax of the processed logits.
+
+Reproducibility: every request owns a numpy ``Generator`` (seeded from
+``seed``, or from OS entropy when it has none) in its ``SamplingState``, and
+each token a non-greedy request samples consumes exactly ``NUM_UNIFORMS``
+uniforms from it, whatever the method and however many the op uses. A row's
+token depends only on its own logits, parameters and uniforms, so a seeded
+request samples the same tokens alone or in any batch, at any row, across
+preemption and chunked prefill. Greedy requests draw nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fd_core import envs
+from fd_core._paddle import import_paddle
+from fd_core.sampling.logprobs import Logprobs, gather_logprobs
+from fd_core.sampling.params import SamplingParams
+from fd_core.sampling.penalties import apply_bias_and_bans, apply_penalties
+
+__all__ = ["NUM_UNIFORMS", "Sampler", "SamplerOutput", "SamplingState"]
+
+paddle = import_paddle()
+Tensor = Any
+
+# Uniforms per sampled token (R). Part of the seed contract: changing it
+# changes every seeded request's tokens. "sort" uses the first; "rejection"
+# uses up to all of them (the same count as the conformance suite gives).
+NUM_UNIFORMS = 16
+
+# FD_SAMPLING_CLASS value -> method of the sample op
+_METHODS = {"base": "sort", "sort": "sort", "rejection": "rejection"}
+
+
+def new_generator(seed: int | None) -> np.random.Generator:
+    """A request's generator: from ``seed`` (any int, taken mod 2**64), else OS entropy."""
+    return np.random.default_rng(None if seed is None else seed % 2**64)
+
+
+@dataclass(eq=False)
+class SamplingState:
+    """What the sampler keeps for one request across steps.
+
+    Created once per request by the engine (``create``) and passed, one per
+    logits row, to every step that samples for the request. The engine
+    appends each kept token to ``output_token_ids`` (it may share its own
+    list); the sampler only reads it. A step whose token will be discarded
+    (e.g. a partial prefill chunk) must not include the request: sampling
+    advances the generator.
+    """
+
+    params: SamplingParams
+    generator: np.random.Generator
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: list[int] = field(default_factory=list)
+    eos_token_ids: tuple[int, ...] = ()
+    # token-id sequences: params.bad_words_token_ids plus the engine's
+    # tokenization of params.bad_words
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    _unique_prompt: np.ndarray | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def create(
+        cls,
+        params: SamplingParams,
+        prompt_token_ids: Sequence[int] = (),
+        *,
+        eos_token_ids: Sequence[int] = (),
+        bad_words_token_ids: Sequence[Sequence[int]] = (),
+        output_token_ids: list[int] | None = None,
+        vocab_size: int | None = None,
+    ) -> SamplingState:
+        """A request's state, its generator seeded from ``params.seed``.
+
+        ``bad_words_token_ids`` are the engine's tokenization of
+        ``params.bad_words``; ``params.bad_words_token_ids`` are added to
+        them. With ``vocab_size``, every token id the request names (logit
+        bias, stop ids, bad words) is checked to be below it (ValueError).
+        For ``n > 1`` each sequence gets its own state; to keep seeded
+        sequences apart, create sequence ``i``'s from
+        ``params.replace(seed=params.seed + i)`` (vLLM's convention).
+        """
+        words = [list(w) for w in (params.bad_words_token_ids or [])]
+        words += [list(w) for w in bad_words_token_ids if len(w) > 0]
+        if vocab_size is not None:
+            named = {
+                "logit_bias": list(params.logit_bias or {}),
+                "stop_token_ids": list(params.stop_token_ids),
+                "bad_words_token_ids": [t for w in words for t in w],
+            }
+            for name, ids in named.items():
+                out = [t for t in ids if not 0 <= t < vocab_size]
+                if out:
+                    raise ValueError(
+                        f"{name} holds token id {out[0]}, outside the vocabulary [0, {vocab_size})"
+                    )
+        return cls(
+            params=params,
+            generator=new_generator(params.seed),
+            prompt_token_ids=prompt_token_ids,
+            output_token_ids=[] if output_token_ids is None else output_token_ids,
+            eos_token_ids=tuple(eos_token_ids),
+            bad_words_token_ids=words,
+        )
+
+    @property
+    def unique_prompt_token_ids(self) -> np.ndarray:
+        """The distinct prompt token ids (int64), computed once."""
+        if self._unique_prompt is None:
+            self._unique_prompt = np.unique(np.asarray(self.prompt_token_ids, np.int64))
+        return self._unique_prompt
+
+    def draw_uniforms(self) -> np.ndarray:
+        """The ``NUM_UNIFORMS`` float32 uniforms in [0, 1) for one sampled token."""
+        return self.generator.random(NUM_UNIFORMS, dtype=np.float32)
+
+
+@dataclass
+class SamplerOutput:
+    """One step's result, row by row (plain Python, no tensors)."""
+
+    sampled_token_ids: list[int]  # row -> token id
+    logprobs: list[Logprobs | None]  # row -> entry when the request asked for logprobs
+
+
+class Sampler:
+    """Turns a step's logits into one token per request; see the module docstring.
+
+    ``method`` is ``"sort"`` or ``"rejection"`` (FD_SAMPLING_CLASS's
+    ``"base"`` means ``"sort"``); by default it comes from FD_SAMPLING_CLASS.
+    ``vocab_size`` is the tokenizer's: logits columns beyond it (vocabulary
+    padding) are never sampled.
+    """
+
+    def __init__(self, ops: Any, vocab_size: int, method: str | None = None) -> None:
+        if method is None:
+            method = envs.get("FD_SAMPLING_CLASS")
+        if method not in _METHODS:
+            raise ValueError(
+                f"sampling method must be one of {', '.join(sorted(_METHODS))}, got {method!r}"
+            )
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        self.ops = ops
+        self.vocab_size = vocab_size
+        self.method = _METHODS[method]
+
+    def sample(self, logits: Tensor, requests: Sequence[SamplingState]) -> SamplerOutput:
+        """Sample one token per row of ``logits [N, V]``; ``requests[i]`` owns row i.
+
+        Called by the model runner once per step with the logits of the
+        requests that sample. Advances each non-greedy request's generator
+        by one draw; reads, never changes, their token lists.
+        """
+        n, vocab = logits.shape
+        if n != len(requests):
+            raise ValueError(f"logits have {n} rows but {len(requests)} requests were given")
+        if vocab < self.vocab_size:
+            raise ValueError(f"logits have {vocab} columns, fewer than vocab_size {self.vocab_size}")
+        if n == 0:
+            return SamplerOutput([], [])
+        if logits.dtype != paddle.float32:
+            logits = logits.astype("float32")
+        if vocab > self.vocab_size:
+            logits = logits[:, : self.vocab_size]
+        raw = logits
+        logits = apply_bias_and_bans(logits, requests)
+        logits = apply_penalties(logits, requests)
+        tokens = self._draw(logits, requests).numpy().tolist()
+        return SamplerOutput(tokens, self._logprobs(raw, requests, tokens))
+
+    def _draw(self, logits: Tensor, requests: Sequence[SamplingState]) -> Tensor:
+        greedy = [s.params.greedy for s in requests]
+        if all(greedy):
+            return paddle.argmax(logits, axis=-1)
+        n = len(requests)
+        temperature = np.zeros(n, np.float32)
+        top_k = np.zeros(n, np.int64)
+        top_p = np.ones(n, np.float32)
+        min_p = np.zeros(n, np.float32)
+        uniforms = np.zeros((n, NUM_UNIFORMS), np.float32)
+        for i, state in enumerate(requests):
+            if greedy[i]:
+                continue  # temperature 0: the op takes the argmax
+            p = state.params
+            temperature[i], top_k[i], top_p[i], min_p[i] = p.temperature, p.top_k, p.top_p, p.min_p
+            uniforms[i] = state.draw_uniforms()
+        return self.ops.sample(
+            logits, paddle.to_tensor(temperature), paddle.to_tensor(top_k),
+            paddle.to_tensor(top_p), paddle.to_tensor(min_p), paddle.to_tensor(uniforms),
+            self.method,
+        )
+
+    def _logprobs(
+        self, raw: Tensor, requests: Sequence[SamplingState], tokens: list[int]
+    ) -> list[Logprobs | None]:
+        rows = [i for i, s in enumerate(requests) if s.params.logprobs is not None]
+        entries: list[Logprobs | None] = [None] * len(requests)
+        found = gather_logprobs(raw, rows, [tokens[i] for i in rows],
+                                [requests[i].params.logprobs or 0 for i in rows])
+        for i, entry in zip(rows, found):
+            entries[i] = entry
+        return entries
