@@ -1,0 +1,1 @@
+"""fd-cuda: the fd-core backend for NVIDIA GPUs; the hooks are in ``backend``."""

@@ -1,0 +1,1 @@
+"""fd-dcu: the fd-core backend for Hygon DCUs; the hooks are in ``backend``."""

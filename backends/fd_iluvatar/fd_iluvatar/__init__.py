@@ -1,0 +1,1 @@
+"""fd-iluvatar: the fd-core backend for Iluvatar CoreX GPUs; the hooks are in ``backend``."""

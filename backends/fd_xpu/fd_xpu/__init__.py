@@ -1,0 +1,1 @@
+"""fd-xpu: the fd-core backend for Kunlunxin XPUs; the hooks are in ``backend``."""

@@ -1,0 +1,334 @@
+"""The token-budget scheduler (vLLM v1 / FastDeploy v1 style). Pure Python.
+
+Each step: running requests first, in admission order (a decode takes one
+token, a request mid-prefill its next chunk), then waiting requests in FCFS
+order with their prefix-cache hits subtracted, while the token budget
+(``max_num_batched_tokens``) and ``max_num_seqs`` allow. When a running
+request cannot get a block, the most recently admitted running request is
+preempted: its blocks are freed and it goes back to the *front* of the
+waiting queue, to be recomputed (prompt + outputs so far) when re-admitted.
+A step that preempted admits nobody.
+
+Called by the engine core, in a loop: ``add_request`` / ``abort`` /
+``finish_requests`` as messages arrive, then ``schedule`` -> run the model ->
+``update_from_output``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+
+from fd_core.engine.config import CacheConfig, SchedulerConfig
+from fd_core.engine.kv_cache_manager import KVCacheManager
+from fd_core.engine.request import Request, RequestStatus
+from fd_core.engine.scheduler_output import (
+    RequestUpdate,
+    ScheduledRequest,
+    SchedulerOutput,
+    SchedulerStats,
+)
+
+__all__ = ["Scheduler"]
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    """Decides, each step, which requests run and how many tokens each computes."""
+
+    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig) -> None:
+        self.config = config
+        self.kv_cache_manager = KVCacheManager(cache_config)
+        self.block_size = cache_config.block_size
+        self.requests: dict[str, Request] = {}  # request id -> every unfinished request
+        self.waiting: deque[Request] = deque()  # FCFS; preempted requests re-enter at the front
+        self.running: list[Request] = []  # admission order
+        self._finished_ids: list[str] = []  # since the last schedule()
+        self.num_preemptions = 0
+        self._last_step = SchedulerOutput()
+        capacity = cache_config.num_usable_blocks * cache_config.block_size
+        if capacity < config.max_model_len:
+            logger.warning(
+                "the KV cache holds %d tokens, fewer than max_model_len %d: longer requests "
+                "will be rejected",
+                capacity,
+                config.max_model_len,
+            )
+
+    # -- requests in and out -------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request. Raises ValueError (nothing queued) when it can
+        never run: a duplicate id, a prompt leaving no room to generate within
+        max_model_len, or a sequence the whole KV pool cannot hold.
+        Generation is capped at max_model_len (finish_reason "length")."""
+        req_id, max_len = request.request_id, self.config.max_model_len
+        if req_id in self.requests:
+            raise ValueError(f"request id {req_id!r} is already in use")
+        if request.num_prompt_tokens > max_len - 1:
+            raise ValueError(
+                f"request {req_id}: the prompt has {request.num_prompt_tokens} tokens but "
+                f"max_model_len is {max_len}, which leaves no room to generate; shorten the "
+                f"prompt to at most {max_len - 1} tokens or raise --max-model-len"
+            )
+        final_len = min(request.num_prompt_tokens + (request.max_tokens or max_len), max_len)
+        # the last token's KV is never computed: the request stops on sampling it
+        num_blocks = self.kv_cache_manager.num_blocks_for(final_len - 1)
+        usable = self.kv_cache_manager.num_usable_blocks
+        if num_blocks > usable:
+            raise ValueError(
+                f"request {req_id}: {request.num_prompt_tokens} prompt tokens + up to "
+                f"{final_len - request.num_prompt_tokens} generated need {num_blocks} KV blocks of "
+                f"{self.block_size} tokens, but the KV cache has only {usable}; lower max_tokens "
+                "or give the KV cache more memory (--gpu-memory-utilization, --num-gpu-blocks-override)"
+            )
+        request.status = RequestStatus.WAITING
+        self.requests[req_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(
+        self,
+        request_ids: str | Iterable[str],
+        status: RequestStatus,
+        stop_reason: int | str | None = None,
+    ) -> list[Request]:
+        """Finish requests whose end the engine detected (a stop string, a client
+        abort), running or waiting; their blocks are freed at once. Unknown or
+        already finished ids are ignored. Returns the requests finished."""
+        if not status.is_finished:
+            raise ValueError(f"finish_requests needs a finished status, got {status.name}")
+        ids = [request_ids] if isinstance(request_ids, str) else request_ids
+        finished = []
+        for req_id in ids:
+            req = self.requests.get(req_id)
+            if req is None:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            req.status = status
+            req.stop_reason = stop_reason
+            self._free_finished(req)
+            finished.append(req)
+        return finished
+
+    def abort(self, request_id: str) -> Request | None:
+        """Abort a request (running or waiting); its blocks are freed at once."""
+        finished = self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+        return finished[0] if finished else None
+
+    # -- the step ------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Choose this step's work. Called by the engine core once per step."""
+        kv = self.kv_cache_manager
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[str] = []
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = self._num_new_tokens(req, req.num_computed_tokens, budget)
+            if num_new == 0:
+                i += 1
+                continue
+            while kv.allocate_slots(req, num_new) is None:
+                # the most recently admitted; never one already scheduled this step
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            if req.status != RequestStatus.RUNNING:  # it preempted itself: nothing to take from
+                break
+            scheduled.append(self._scheduled(req, num_new))
+            budget -= num_new
+            i += 1
+
+        while (
+            not preempted
+            and self.waiting
+            and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            req = self.waiting[0]
+            hits, num_hit_tokens = kv.get_computed_blocks(req)
+            num_new = self._num_new_tokens(req, num_hit_tokens, budget)
+            if num_new == 0 or kv.allocate_slots(req, num_new, hits) is None:
+                break  # FCFS: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            if req.status == RequestStatus.WAITING:  # first admission
+                req.num_cached_tokens = num_hit_tokens
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_hit_tokens
+            self.running.append(req)
+            scheduled.append(self._scheduled(req, num_new))
+            budget -= num_new
+
+        decodes = [s for s in scheduled if s.num_tokens == 1]
+        prefills = [s for s in scheduled if s.num_tokens != 1]
+        swap_out, swap_in = kv.take_swap_ops()
+        output = SchedulerOutput(
+            scheduled=decodes + prefills,
+            num_decodes=len(decodes),
+            num_scheduled_tokens={s.request_id: s.num_tokens for s in scheduled},
+            total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
+            preempted_req_ids=preempted,
+            finished_req_ids=self._finished_ids,
+            swap_out=swap_out,
+            swap_in=swap_in,
+        )
+        self._finished_ids = []
+        self._last_step = output
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "step: %d decodes, %d prefills, %d tokens, %d preempted, %d running, %d waiting, kv %.1f%%",
+                len(decodes),
+                len(prefills),
+                output.total_num_scheduled_tokens,
+                len(preempted),
+                len(self.running),
+                len(self.waiting),
+                100 * kv.usage,
+            )
+        return output
+
+    def update_from_output(
+        self, output: SchedulerOutput, sampled: Mapping[str, Sequence[int]]
+    ) -> list[RequestUpdate]:
+        """Apply a finished step: advance computed tokens, cache newly full
+        blocks, append ``sampled[request_id]`` (for each request that sampled)
+        up to the first stop, and free finished requests. Requests aborted
+        since ``schedule`` are skipped. Called by the engine core after the
+        forward and the sampler; stop strings are its own business
+        (``finish_requests``)."""
+        kv = self.kv_cache_manager
+        updates = []
+        for s in output.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue
+            if req.num_computed_tokens != s.num_computed_tokens:
+                raise RuntimeError(
+                    f"request {s.request_id}: output of a stale step (computed "
+                    f"{req.num_computed_tokens} tokens, the step started at {s.num_computed_tokens})"
+                )
+            req.num_computed_tokens += s.num_tokens
+            kv.cache_blocks(req, req.num_computed_tokens)
+            if not s.samples:
+                continue
+            token_ids = sampled.get(s.request_id)
+            if not token_ids:
+                raise ValueError(f"request {s.request_id} sampled this step but got no token ids")
+            new_token_ids = []
+            for token_id in token_ids:
+                req.append_output_token_id(token_id)
+                new_token_ids.append(token_id)
+                if self._check_stop(req):
+                    break
+            if req.is_finished:
+                self.running.remove(req)
+                self._free_finished(req)
+            updates.append(RequestUpdate(req, new_token_ids, req.is_finished))
+        return updates
+
+    # -- state for the engine and metrics -------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget cached prefixes; False (nothing done) while requests hold blocks."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def make_stats(self) -> SchedulerStats:
+        kv, step = self.kv_cache_manager, self._last_step
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_stats.queries,
+            prefix_cache_hits=kv.prefix_cache_stats.hits,
+            num_preemptions=self.num_preemptions,
+            num_swap_outs=kv.pool.num_swap_outs,
+            num_swap_ins=kv.pool.num_swap_ins,
+            step_num_scheduled_tokens=step.total_num_scheduled_tokens,
+            step_num_prefill_tokens=sum(s.num_tokens for s in step.scheduled[step.num_decodes :]),
+            step_num_decodes=step.num_decodes,
+        )
+
+    # -- helpers -------------------------------------------------------------
+
+    def _num_new_tokens(self, req: Request, num_computed: int, budget: int) -> int:
+        """Tokens to compute for ``req`` this step given ``num_computed`` cached:
+        all it lacks; with chunked prefill cut to the prefill threshold and the
+        budget, without it 0 (wait) when that does not fit the budget."""
+        num_new = req.num_tokens - num_computed
+        if not self.config.enable_chunked_prefill:
+            return num_new if num_new <= budget else 0
+        threshold = self.config.long_prefill_token_threshold
+        if threshold:
+            num_new = min(num_new, threshold)
+        return min(num_new, budget)
+
+    def _scheduled(self, req: Request, num_new: int) -> ScheduledRequest:
+        start = req.num_computed_tokens
+        return ScheduledRequest(
+            request_id=req.request_id,
+            token_ids=req.all_token_ids[start : start + num_new],
+            num_computed_tokens=start,
+            block_ids=self.kv_cache_manager.get_block_ids(req),
+            samples=start + num_new == req.num_tokens,
+        )
+
+    def _preempt(self, req: Request) -> None:
+        self.kv_cache_manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        logger.debug("preempted %s after %d outputs", req.request_id, req.num_output_tokens)
+
+    def _check_stop(self, req: Request) -> bool:
+        """Set a final status if the last output token ends the request. EOS
+        and stop tokens count only from min_tokens outputs on, and win over
+        the length limits when both apply."""
+        token_id = req.output_token_ids[-1]
+        if req.num_output_tokens >= req.min_tokens:
+            if token_id in req.eos_token_ids and not req.ignore_eos:
+                req.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if token_id in req.stop_token_ids:
+                req.status = RequestStatus.FINISHED_STOPPED
+                req.stop_reason = token_id
+                return True
+        max_tokens = req.max_tokens
+        if (max_tokens is not None and req.num_output_tokens >= max_tokens) or (
+            req.num_tokens >= self.config.max_model_len
+        ):
+            req.status = RequestStatus.FINISHED_LENGTH
+            return True
+        return False
+
+    def _free_finished(self, req: Request) -> None:
+        req.finish_time = time.time()
+        self.kv_cache_manager.free(req)
+        del self.requests[req.request_id]
+        self._finished_ids.append(req.request_id)

@@ -1,0 +1,1 @@
+"""The backend listing and selection with the hardware backends installed."""

@@ -1,0 +1,1 @@
+"""Third-party plugins: the toy backend distribution and plugins that do not fit."""
