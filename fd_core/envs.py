@@ -45,6 +45,21 @@ def _int(default: int | None) -> Callable[[str | None], Any]:
     return parse
 
 
+def _float(default: float) -> Callable[[str | None], Any]:
+    def parse(raw: str | None) -> float:
+        if raw is None or raw == "":
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"expected a number, got {raw!r}") from None
+        if value <= 0:
+            raise ValueError(f"expected a positive number, got {raw!r}")
+        return value
+
+    return parse
+
+
 def _csv(raw: str | None) -> tuple[str, ...] | None:
     if raw is None or raw.strip() == "":
         return None
@@ -67,6 +82,7 @@ VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
     "FD_SAMPLING_CLASS": (_choice("base", ("base", "rejection")), "'rejection' selects the rejection top-k/top-p sampler"),
     "FD_DISABLE_CHUNKED_PREFILL": (_bool(False), "1 turns chunked prefill off"),
     "FD_CPU_NUM_THREADS": (_int(None), "threads for the CPU backend's kernels; default: all cores"),
+    "FD_CPU_KVCACHE_SPACE": (_float(4.0), "GiB of host memory for the CPU backend's KV cache (default 4)"),
     "FD_API_KEY": (_str(None), "API key the server requires (like --api-key)"),
     "FD_LOG_LEVEL": (_str("INFO"), "log level of fd_core loggers"),
 }

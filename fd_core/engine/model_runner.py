@@ -38,6 +38,9 @@ class StepInput:
     # request -> whether to return logits for its last new token (False for a
     # prefill chunk that does not finish the prompt)
     needs_logits: list[bool] = field(default_factory=list)
+    # request -> return logits for every new token (prompt logprobs); its rows
+    # come in order and include the last one
+    all_logits: list[bool] = field(default_factory=list)
 
     @property
     def num_reqs(self) -> int:
@@ -55,6 +58,7 @@ class ModelRunner:
         block_size: int = 64,
         max_model_len: int | None = None,
         device_id: int = 0,
+        num_host_blocks: int = 0,
     ) -> None:
         self.backend = backend
         self.ops = backend.ops
@@ -74,6 +78,22 @@ class ModelRunner:
             KVCache(*self.ops.allocate_kv_cache(num_blocks, block_size, c.num_kv_heads, c.head_dim, "float32"))
             for _ in range(c.num_layers)
         ]
+        self.host_caches = [
+            KVCache(*self.ops.allocate_kv_cache(
+                num_host_blocks, block_size, c.num_kv_heads, c.head_dim, "float32", location="host"))
+            for _ in range(c.num_layers)
+        ] if num_host_blocks else []
+
+    def apply_swaps(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
+        """Copy (device -> host) blocks, then (host -> device) blocks, every layer."""
+        for pairs, outgoing in ((swap_out, True), (swap_in, False)):
+            if not pairs:
+                continue
+            src_ids, dst_ids = [p[0] for p in pairs], [p[1] for p in pairs]
+            for device, host in zip(self.kv_caches, self.host_caches):
+                src, dst = (device, host) if outgoing else (host, device)
+                self.ops.copy_kv_blocks(src.k, dst.k, src_ids, dst_ids, self.block_size)
+                self.ops.copy_kv_blocks(src.v, dst.v, src_ids, dst_ids, self.block_size)
 
     @staticmethod
     def kv_bytes_per_block(config: Any, block_size: int, dtype_bytes: int = 4) -> int:
@@ -81,8 +101,9 @@ class ModelRunner:
         return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * dtype_bytes
 
     def execute(self, step: StepInput) -> Any:
-        """Run the step; returns logits ``[N, V]`` (fp32 paddle tensor) for the
-        requests with ``needs_logits``, in request order."""
+        """Run the step; returns logits ``[N, V]`` (fp32 paddle tensor), in
+        request order: every new token's row for ``all_logits`` requests, the
+        last row for other ``needs_logits`` requests; None if no rows."""
         if step.num_reqs == 0:
             raise ValueError("empty step")
         query_lens = [len(t) for t in step.token_ids]
@@ -97,8 +118,14 @@ class ModelRunner:
         if flat.size and (flat.min() < 0 or flat.max() >= self.config.vocab_size):
             raise ValueError(f"token id out of range [0, {self.config.vocab_size})")
         needs = step.needs_logits or [True] * step.num_reqs
-        last = np.cumsum(query_lens) - 1
-        logits_rows = last[np.asarray(needs, dtype=bool)]
+        ends = np.cumsum(query_lens)
+        if any(step.all_logits):
+            logits_rows = np.concatenate([
+                np.arange(end - qlen, end) if whole else (np.array([end - 1]) if need else np.array([], dtype=np.int64))
+                for qlen, end, need, whole in zip(query_lens, ends, needs, step.all_logits)
+            ])
+        else:
+            logits_rows = (ends - 1)[np.asarray(needs, dtype=bool)]
         with paddle.no_grad():
             return self.model.forward(
                 paddle.to_tensor(flat), meta, self.kv_caches, paddle.to_tensor(logits_rows.astype(np.int64))

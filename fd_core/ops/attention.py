@@ -21,6 +21,7 @@ from fd_core._paddle import import_paddle
 __all__ = [
     "AttentionMetadata",
     "reference_allocate_kv_cache",
+    "reference_copy_kv_blocks",
     "reference_decode_attention",
     "reference_prefill_attention",
     "reference_write_kv_cache",
@@ -94,10 +95,34 @@ class AttentionMetadata:
 
 
 def reference_allocate_kv_cache(
-    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str = "float32"
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str = "float32",
+    location: str = "device",
 ) -> tuple[Any, Any]:
+    """Zeroed K and V caches ``[num_blocks * block_size, Hkv, Dh]``; the host
+    tier lives in CPU memory whatever the current device is."""
     shape = [num_blocks * block_size, num_kv_heads, head_dim]
+    if location == "host":
+        place = paddle.CPUPlace()  # numpy has no bf16: build fp32 on host, cast there
+        return tuple(  # type: ignore[return-value]
+            paddle.to_tensor(np.zeros(shape, dtype=np.float32), place=place).astype(dtype)
+            for _ in range(2)
+        )
     return paddle.zeros(shape, dtype=dtype), paddle.zeros(shape, dtype=dtype)
+
+
+def reference_copy_kv_blocks(
+    src_cache: Any, dst_cache: Any, src_blocks: list[int], dst_blocks: list[int], block_size: int
+) -> bool:
+    """Copy whole blocks between two caches of the reference layout."""
+    if not src_blocks:
+        return True
+    offsets = np.arange(block_size, dtype=np.int64)
+    src = (np.asarray(src_blocks, dtype=np.int64)[:, None] * block_size + offsets).reshape(-1)
+    dst = (np.asarray(dst_blocks, dtype=np.int64)[:, None] * block_size + offsets).reshape(-1)
+    rows = paddle.gather(src_cache, paddle.to_tensor(src, place=src_cache.place))
+    rows = rows.to(dst_cache.place) if rows.place != dst_cache.place else rows
+    paddle.scatter_(dst_cache, paddle.to_tensor(dst, place=dst_cache.place), rows, overwrite=True)
+    return True
 
 
 def reference_write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any) -> bool:

@@ -1,0 +1,242 @@
+"""The engine core: scheduler + model runner + sampler, one step at a time.
+
+Token ids in, token ids out; no text. The offline ``LLMEngine`` drives it in
+process; the server runs it in its own process behind IPC.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fd_core.backends import get_backend
+from fd_core.config import EngineArgs, kv_cache_blocks
+from fd_core.engine.config import CacheConfig, SchedulerConfig
+from fd_core.engine.model_runner import ModelRunner, StepInput
+from fd_core.engine.outputs import EngineCoreOutput, Logprob, PositionLogprobs
+from fd_core.engine.request import Request, RequestStatus
+from fd_core.engine.scheduler import Scheduler
+from fd_core.model_loader import resolve_model_path
+from fd_core.models.config import load_config
+from fd_core.sampling.logprobs import Logprobs, compute_prompt_logprobs
+from fd_core.sampling.params import SamplingParams
+from fd_core.sampling.sampler import Sampler, SamplingState
+
+__all__ = ["EngineCore", "EngineCoreRequest", "StepStats"]
+
+logger = logging.getLogger(__name__)
+GIB = 1 << 30
+
+
+@dataclass
+class EngineCoreRequest:
+    """A tokenized request as the engine core receives it."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: list[int] = field(default_factory=list)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    arrival_time: float | None = None
+    cache_salt: str | None = None
+
+
+@dataclass
+class StepStats:
+    """Counters of the last step, for metrics and benchmarks."""
+
+    num_scheduled_tokens: int = 0
+    num_decodes: int = 0
+    num_prefill_tokens: int = 0
+    forward_seconds: float = 0.0
+    sample_seconds: float = 0.0
+    step_seconds: float = 0.0
+
+
+def _position_logprobs(entry: Logprobs) -> PositionLogprobs:
+    out = {tok: Logprob(lp, rank=i + 1) for i, (tok, lp) in enumerate(entry.top)}
+    out.setdefault(entry.token_id, Logprob(entry.logprob, rank=entry.rank))
+    return out
+
+
+class EngineCore:
+    """Owns the model, the KV cache, the scheduler and the sampler."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        self.args = args
+        self.backend = get_backend(args.backend)
+        self.model_dir = resolve_model_path(args.model)
+        model_config = load_config(self.model_dir)
+        if args.max_model_len > model_config.max_position_embeddings:
+            raise ValueError(
+                f"--max-model-len {args.max_model_len} exceeds the model's "
+                f"max_position_embeddings {model_config.max_position_embeddings}"
+            )
+        self.model_config = model_config
+        per_block = ModelRunner.kv_bytes_per_block(model_config, args.block_size)
+        self.backend.set_device(0)
+        memory = self.backend.memory(0)
+        num_blocks = kv_cache_blocks(args, per_block, self.backend.info.device_type,
+                                     memory.total_bytes, memory.free_bytes)
+        num_host_blocks = int(args.swap_space * GIB) // per_block
+        self.cache_config = CacheConfig(
+            num_blocks=num_blocks, block_size=args.block_size, num_host_blocks=num_host_blocks,
+            enable_prefix_caching=args.enable_prefix_caching,
+        )
+        self.scheduler_config = SchedulerConfig(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.batched_tokens,
+            max_model_len=args.max_model_len, enable_chunked_prefill=args.chunked_prefill,
+        )
+        self.scheduler = Scheduler(self.scheduler_config, self.cache_config)
+        self.runner = ModelRunner(
+            self.model_dir, self.backend, num_blocks=num_blocks, block_size=args.block_size,
+            max_model_len=args.max_model_len, num_host_blocks=num_host_blocks,
+        )
+        self.sampler = Sampler(self.backend.ops, model_config.vocab_size)
+        self._states: dict[str, SamplingState] = {}
+        self._prompt_logprobs: dict[str, list[PositionLogprobs | None]] = {}
+        self._pending: list[EngineCoreOutput] = []  # outputs produced outside a step (aborts)
+        self.last_step = StepStats()
+        logger.info(
+            "engine ready: backend %s, %d KV blocks of %d tokens (%.2f GiB), %d host blocks",
+            self.backend.name, num_blocks, args.block_size, num_blocks * per_block / GIB, num_host_blocks,
+        )
+
+    # ---------------------------------------------------------- requests
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        """Validate and queue a request; raises ValueError naming the problem."""
+        vocab = self.model_config.vocab_size
+        bad = [t for t in req.prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        params = req.sampling_params
+        request = Request(
+            req.request_id, req.prompt_token_ids, params, req.eos_token_ids,
+            arrival_time=req.arrival_time, cache_salt=req.cache_salt,
+        )
+        state = SamplingState.create(
+            params, req.prompt_token_ids, eos_token_ids=req.eos_token_ids,
+            bad_words_token_ids=req.bad_words_token_ids,
+            output_token_ids=request.output_token_ids, vocab_size=vocab,
+        )
+        self.scheduler.add_request(request)
+        self._states[req.request_id] = state
+
+    def abort(self, request_ids: list[str], reason: RequestStatus = RequestStatus.FINISHED_ABORTED,
+              stop_reason: int | str | None = None) -> None:
+        """Finish requests now (client abort, or a stop string found outside)."""
+        for req in self.scheduler.finish_requests(request_ids, reason, stop_reason):
+            self._drop(req.request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def _drop(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+        self._prompt_logprobs.pop(request_id, None)
+
+    # -------------------------------------------------------------- step
+
+    def step(self) -> list[EngineCoreOutput]:
+        """Schedule, run the forward, sample, update; returns new tokens."""
+        start = time.perf_counter()
+        out = self.scheduler.schedule()
+        stats = StepStats()
+        if out.swap_out or out.swap_in:
+            self.runner.apply_swaps(out.swap_out, out.swap_in)
+        sampled: dict[str, list[int]] = {}
+        new_logprobs: dict[str, PositionLogprobs] = {}
+        scheduled = out.scheduled
+        if scheduled:
+            wants_prompt = [self._wants_prompt_logprobs(s) for s in scheduled]
+            step = StepInput(
+                token_ids=[s.token_ids for s in scheduled],
+                seq_lens=[s.seq_len for s in scheduled],
+                block_tables=[s.block_ids for s in scheduled],
+                num_decodes=out.num_decodes,
+                needs_logits=[s.samples for s in scheduled],
+                all_logits=wants_prompt,
+            )
+            logits = self.runner.execute(step)  # None when no request needs logits
+            stats.forward_seconds = time.perf_counter() - start
+            rows, states, row = [], [], 0
+            for s, whole in zip(scheduled, wants_prompt):
+                if whole:
+                    self._record_prompt_logprobs(s, logits[row : row + s.num_tokens])
+                    row += s.num_tokens
+                    if s.samples:
+                        rows.append(row - 1)
+                        states.append(self._states[s.request_id])
+                elif s.samples:
+                    rows.append(row)
+                    states.append(self._states[s.request_id])
+                    row += 1
+            if states and logits is not None:
+                t0 = time.perf_counter()
+                sample_logits = logits if len(rows) == int(logits.shape[0]) else logits[rows]
+                result = self.sampler.sample(sample_logits, states)
+                stats.sample_seconds = time.perf_counter() - t0
+                ids = [s.request_id for s in scheduled if s.samples]
+                for rid, tok, lp in zip(ids, result.sampled_token_ids, result.logprobs):
+                    sampled[rid] = [tok]
+                    if lp is not None:
+                        new_logprobs[rid] = _position_logprobs(lp)
+        updates = self.scheduler.update_from_output(out, sampled)
+        now = time.time()
+        outputs = self._pending
+        self._pending = []
+        for update in updates:
+            req = update.request
+            rid = req.request_id
+            events = {"scheduled": now}
+            output = EngineCoreOutput(
+                request_id=rid,
+                new_token_ids=update.new_token_ids,
+                new_logprobs=[new_logprobs[rid]] if rid in new_logprobs and update.new_token_ids else None,
+                finish_reason=req.finish_reason if update.finished else None,
+                stop_reason=req.stop_reason if update.finished else None,
+                num_cached_tokens=req.num_cached_tokens,
+                events=events,
+            )
+            if rid in self._prompt_logprobs and req.num_output_tokens == 1:
+                output.prompt_logprobs = self._prompt_logprobs[rid]
+            outputs.append(output)
+            if update.finished:
+                self._drop(rid)
+        stats.num_scheduled_tokens = out.total_num_scheduled_tokens
+        stats.num_decodes = out.num_decodes
+        stats.num_prefill_tokens = out.total_num_scheduled_tokens - out.num_decodes
+        stats.step_seconds = time.perf_counter() - start
+        self.last_step = stats
+        return outputs
+
+    # ------------------------------------------------------ prompt logprobs
+
+    def _wants_prompt_logprobs(self, s: Any) -> bool:
+        state = self._states.get(s.request_id)
+        if state is None or state.params.prompt_logprobs is None:
+            return False
+        num_prompt = len(state.prompt_token_ids)
+        if s.num_computed_tokens >= num_prompt:
+            return False
+        done = self._prompt_logprobs.get(s.request_id)
+        # after a preemption the prompt is recomputed: keep what we have
+        return done is None or len(done) < num_prompt
+
+    def _record_prompt_logprobs(self, s: Any, logits: Any) -> None:
+        state = self._states[s.request_id]
+        prompt = list(state.prompt_token_ids)
+        start = s.num_computed_tokens
+        end = min(start + s.num_tokens, len(prompt))
+        rows = end - start
+        # row i predicts prompt[start + i + 1]; the last prompt row predicts output
+        tokens = prompt[start : min(end + 1, len(prompt))]
+        usable = min(rows, len(tokens) - 1) if end == len(prompt) else rows
+        done = self._prompt_logprobs.setdefault(s.request_id, [None])
+        if usable <= 0 or len(done) - 1 != start:
+            return
+        entries = compute_prompt_logprobs(logits[:usable], tokens[: usable + 1], state.params.prompt_logprobs)
+        done.extend(_position_logprobs(e) for e in entries)

@@ -1,0 +1,224 @@
+"""Paged attention: allocate_kv_cache, write_kv_cache, prefill_attention and
+decode_attention, as one model step uses them.
+
+Each case is one step of a mixed batch (decodes first, then prefill chunks,
+some after cached context), with ragged lengths, partly filled last blocks,
+shuffled block ids and padding rows (slot -1) in the cache write. Context
+from earlier steps is written first through the backend's own
+``write_kv_cache``. Only attention outputs are compared: the cache layout is
+the backend's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fd_core.ops.attention import AttentionMetadata
+from fd_core.testing.conformance import STATE_KEY
+from fd_core.testing.conformance.harness import FLOAT_DTYPES, Harness, case_rng
+
+PADDING_ROWS = 3  # extra rows with slot -1 in the step's cache write
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step's batch: decode requests, then prefill chunks."""
+
+    name: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    block_size: int
+    decode_lens: tuple[int, ...]  # cached tokens per decode request, the new one included
+    prefills: tuple[tuple[int, int], ...]  # (cached context, new tokens) per prefill request
+
+    @property
+    def query_lens(self) -> list[int]:
+        return [1] * len(self.decode_lens) + [new for _, new in self.prefills]
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return list(self.decode_lens) + [ctx + new for ctx, new in self.prefills]
+
+
+STEPS = [
+    Step("decode-gqa", 8, 2, 128, 16, (1, 17, 40, 64, 3), ()),
+    Step("prefill-ragged-mha", 4, 4, 64, 16, (), ((0, 1), (0, 37), (0, 16))),
+    Step("mixed-chunked-mqa", 8, 1, 64, 64, (5, 70, 129), ((0, 37), (100, 20), (63, 1))),
+    Step("mixed-gqa-bs64", 16, 2, 128, 64, (200, 64), ((128, 37), (5, 64))),
+]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "kv_dtype" in metafunc.fixturenames:
+        state = metafunc.config.stash[STATE_KEY]
+        listed = state.backend.capabilities().kv_cache_dtypes if state.backend else ()
+        dtypes = [d for d in listed if d in FLOAT_DTYPES] or [state.dtype]
+        metafunc.parametrize("kv_dtype", dtypes)
+
+
+def _block_tables(step: Step, rng: np.random.Generator) -> tuple[int, list[list[int]]]:
+    """Shuffled block ids; the pool's last block ends a request whose last block
+    is full, so a write to row -1 (a padding slot taken literally) corrupts it."""
+    bs = step.block_size
+    needed = [-(-seq // bs) for seq in step.seq_lens]
+    num_blocks = sum(needed) + 3
+    ids = [int(i) for i in rng.permutation(num_blocks)[: sum(needed)]]
+    full = [i for i, seq in enumerate(step.seq_lens) if seq % bs == 0]
+    if full:
+        target = sum(needed[: full[0] + 1]) - 1
+        last = num_blocks - 1
+        if last in ids:
+            ids[ids.index(last)] = ids[target]
+        ids[target] = last
+    tables, start = [], 0
+    for n in needed:
+        tables.append(ids[start : start + n])
+        start += n
+    return num_blocks, tables
+
+
+def _context(step: Step, tables: list[list[int]], rng: np.random.Generator) -> np.ndarray:
+    """Cache slots of the tokens cached before this step, in shuffled order."""
+    bs = step.block_size
+    slots = [
+        tables[r][pos // bs] * bs + pos % bs
+        for r, (seq, new) in enumerate(zip(step.seq_lens, step.query_lens))
+        for pos in range(seq - new)
+    ]
+    return rng.permutation(np.asarray(slots, dtype=np.int64))
+
+
+@dataclass
+class Swap:
+    """Blocks written under ``old`` ids, swapped out to the host tier and back
+    in under the step's ids, before the step: exercises ``copy_kv_blocks``."""
+
+    old: list[int]  # device block ids the context is first written to (disjoint from the new)
+    new: list[int]  # the block ids of the step's tables, same order
+    host: list[int]  # host-tier block ids used in between
+
+
+def _run_step(
+    fd: Harness, on_reference: bool, step: Step, num_blocks: int, tables: list[list[int]],
+    data: dict[str, np.ndarray], kv_dtype: str, swap: Swap | None = None,
+) -> tuple[Any, Any]:
+    """Allocate, write the context (and maybe swap it out and back in), write
+    the step (with padding rows), attend.
+
+    Inputs are in the compute dtype, as a model gives them; the backend's
+    cache is ``kv_dtype``, the reference's fp32."""
+    call = fd.call_reference if on_reference else fd.call
+    put = fd.host if on_reference else fd.device
+    cache_dtype = "float32" if on_reference else kv_dtype
+    where: contextlib.AbstractContextManager[None] = (
+        fd.on_host() if on_reference else contextlib.nullcontext()
+    )
+    num_decodes, bs = len(step.decode_lens), step.block_size
+    with where:
+        meta = AttentionMetadata.build(step.query_lens, step.seq_lens, tables, bs, num_decodes)
+    shape = {"block_size": bs, "num_kv_heads": step.kv_heads, "head_dim": step.head_dim,
+             "dtype": cache_dtype}
+    pool = num_blocks if swap is None else num_blocks + len(swap.old)
+    k_cache, v_cache = call("allocate_kv_cache", num_blocks=pool, location="device", **shape)
+    caches = {"k_cache": k_cache, "v_cache": v_cache}
+    ctx_slots = data["ctx_slots"]
+    if swap is not None:
+        old_of = dict(zip(swap.new, swap.old))
+        ctx_slots = np.asarray([old_of[s // bs] * bs + s % bs for s in ctx_slots], dtype=np.int64)
+    if len(ctx_slots):
+        call("write_kv_cache", k=put(data["ctx_k"]), v=put(data["ctx_v"]),
+             slot_mapping=put(ctx_slots), **caches)
+    if swap is not None:
+        host_k, host_v = call("allocate_kv_cache", num_blocks=len(swap.host), location="host",
+                              **shape)
+        for device_cache, host_cache in ((k_cache, host_k), (v_cache, host_v)):
+            call("copy_kv_blocks", src_cache=device_cache, dst_cache=host_cache,
+                 src_blocks=swap.old, dst_blocks=swap.host, block_size=bs)
+            call("copy_kv_blocks", src_cache=host_cache, dst_cache=device_cache,
+                 src_blocks=swap.host, dst_blocks=swap.new, block_size=bs)
+    call("write_kv_cache", k=put(data["k_pad"]), v=put(data["v_pad"]),
+         slot_mapping=put(data["slots_pad"]), **caches)
+    q, scale = data["q"], step.head_dim**-0.5
+    decoded = prefilled = None
+    if num_decodes:
+        decoded = call("decode_attention", q=put(q[:num_decodes]), metadata=meta, scale=scale,
+                       **caches)
+    if step.prefills:
+        new = slice(num_decodes, len(q))
+        prefilled = call("prefill_attention", q=put(q[new]), k=put(data["k_pad"][new]),
+                         v=put(data["v_pad"][new]), metadata=meta, scale=scale, **caches)
+    return decoded, prefilled
+
+
+def _step_data(fd: Harness, step: Step, tables: list[list[int]], kv_dtype: str,
+               rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Queries, context and new K/V (values exact in both dtypes), and slots."""
+    tokens = sum(step.query_lens)
+
+    def kv(rows: int) -> np.ndarray:
+        values = rng.normal(0, 1, (rows, step.kv_heads, step.head_dim))
+        return fd.rounded(fd.rounded(values), kv_dtype)
+
+    ctx_slots = _context(step, tables, rng)
+    with fd.on_host():
+        meta = AttentionMetadata.build(step.query_lens, step.seq_lens, tables, step.block_size,
+                                       len(step.decode_lens))
+    return {
+        "q": fd.rounded(rng.normal(0, 1, (tokens, step.heads, step.head_dim))),
+        "ctx_slots": ctx_slots,
+        "ctx_k": kv(len(ctx_slots)),
+        "ctx_v": kv(len(ctx_slots)),
+        "k_pad": kv(tokens + PADDING_ROWS),
+        "v_pad": kv(tokens + PADDING_ROWS),
+        "slots_pad": np.concatenate([meta.slot_mapping.numpy(),
+                                     np.full(PADDING_ROWS, -1, dtype=np.int64)]),
+    }
+
+
+def _describe(fd: Harness, step: Step, kv_dtype: str) -> str:
+    return (f"{step.name}: H={step.heads} Hkv={step.kv_heads} Dh={step.head_dim} "
+            f"block={step.block_size} query_lens={step.query_lens} seq_lens={step.seq_lens} "
+            f"dtype={fd.dtype} kv={kv_dtype}")
+
+
+def _compare(fd: Harness, step: Step, case: str, got: tuple[Any, Any], want: tuple[Any, Any],
+             kv_dtype: str) -> None:
+    tol = fd.tol(fd.dtype, kv_dtype)
+    if step.decode_lens:
+        fd.assert_close("decode_attention", case, got[0], want[0], tol)
+    if step.prefills:
+        fd.assert_close("prefill_attention", case, got[1], want[1], tol)
+
+
+@pytest.mark.parametrize("step", STEPS, ids=[s.name for s in STEPS])
+def test_paged_attention_step(conformance: Harness, step: Step, kv_dtype: str) -> None:
+    fd = conformance
+    rng = case_rng("attention", step.name, kv_dtype)
+    num_blocks, tables = _block_tables(step, rng)
+    data = _step_data(fd, step, tables, kv_dtype, rng)
+    got = _run_step(fd, False, step, num_blocks, tables, data, kv_dtype)
+    want = _run_step(fd, True, step, num_blocks, tables, data, kv_dtype)
+    _compare(fd, step, _describe(fd, step, kv_dtype), got, want, kv_dtype)
+
+
+@pytest.mark.parametrize("step", [STEPS[0], STEPS[2]], ids=[STEPS[0].name, STEPS[2].name])
+def test_swapped_blocks_attend_the_same(conformance: Harness, step: Step, kv_dtype: str) -> None:
+    """Context swapped out to the host tier and back in under other block ids
+    (``copy_kv_blocks`` both ways) gives the same attention as never swapped."""
+    fd = conformance
+    rng = case_rng("swap", step.name, kv_dtype)
+    num_blocks, tables = _block_tables(step, rng)
+    data = _step_data(fd, step, tables, kv_dtype, rng)
+    new = [block for table in tables for block in table]
+    old = [num_blocks + int(i) for i in rng.permutation(len(new))]  # never read by the step
+    swap = Swap(old=old, new=new, host=[int(i) for i in rng.permutation(len(new))])
+    got = _run_step(fd, False, step, num_blocks, tables, data, kv_dtype, swap)
+    want = _run_step(fd, True, step, num_blocks, tables, data, kv_dtype)
+    _compare(fd, step, _describe(fd, step, kv_dtype) + " after swap-out/swap-in", got, want,
+             kv_dtype)

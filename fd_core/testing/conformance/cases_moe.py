@@ -1,0 +1,104 @@
+"""Mixture of experts: routing (moe_select_experts) and the routed experts'
+FFN (moe_experts) with uneven loads and experts that receive no tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fd_core.testing.conformance.harness import Harness, case_rng
+
+MIN_GAP = 1e-4  # routing scores closer than this at the top-k boundary are regenerated
+
+
+def _router_logits(rng: np.random.Generator, tokens: int, experts: int, top_k: int,
+                   bias: np.ndarray | None) -> np.ndarray:
+    """Logits whose selection is unambiguous: the k-th and (k+1)-th scores
+    differ by at least MIN_GAP, so ids compare exactly on any device."""
+    logits = rng.normal(0, 2, (tokens, experts)).astype(np.float32)
+    while True:
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        scores = np.sort(probs + (0 if bias is None else bias), axis=-1)[:, ::-1]
+        if top_k == experts:
+            return logits
+        tight = scores[:, top_k - 1] - scores[:, top_k] < MIN_GAP
+        if not tight.any():
+            return logits
+        logits[tight] = rng.normal(0, 2, (int(tight.sum()), experts))
+
+
+@pytest.mark.parametrize("renormalize", [True, False], ids=["renorm", "raw"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 8, 2), (37, 64, 6), (128, 64, 8), (37, 7, 1)])
+def test_moe_select_experts(
+    conformance: Harness, tokens: int, experts: int, top_k: int, with_bias: bool, renormalize: bool
+) -> None:
+    fd = conformance
+    rng = case_rng("moe_select", tokens, experts, top_k, with_bias, renormalize)
+    # A correction bias comparable to the probabilities, so it changes the choice.
+    bias = rng.normal(0, 0.05, experts).astype(np.float32) if with_bias else None
+    logits = _router_logits(rng, tokens, experts, top_k, bias)
+    case = f"router_logits[{tokens}, {experts}] top_k={top_k} bias={with_bias} renormalize={renormalize}"
+    got_w, got_ids = fd.call(
+        "moe_select_experts", router_logits=fd.device(logits, "float32"), top_k=top_k,
+        correction_bias=None if bias is None else fd.device(bias, "float32"),
+        renormalize=renormalize, norm_min=1e-12,
+    )
+    want_w, want_ids = fd.call_reference(
+        "moe_select_experts", router_logits=fd.host(logits), top_k=top_k,
+        correction_bias=None if bias is None else fd.host(bias),
+        renormalize=renormalize, norm_min=1e-12,
+    )
+    # The order of the k picks is not part of the contract: compare per row by id.
+    got_ids_np, want_ids_np = fd.numpy(got_ids).astype(np.int64), fd.numpy(want_ids)
+    got_order, want_order = np.argsort(got_ids_np, -1), np.argsort(want_ids_np, -1)
+    fd.assert_equal("moe_select_experts", case + " (topk_ids, sorted per row)",
+                    np.take_along_axis(got_ids_np, got_order, -1),
+                    np.take_along_axis(want_ids_np, want_order, -1))
+    fd.assert_close("moe_select_experts", case + " (topk_weights, in id order)",
+                    np.take_along_axis(fd.numpy(got_w), got_order, -1),
+                    np.take_along_axis(fd.numpy(want_w), want_order, -1),
+                    fd.tol("float32"))
+
+
+def _uneven_routing(rng: np.random.Generator, tokens: int, experts: int, top_k: int,
+                    empty: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct expert ids per token drawn from a skewed distribution (expert 0
+    heaviest) that never picks the ``empty`` experts; positive weights."""
+    popularity = 1.0 / np.arange(1, experts + 1) ** 1.5
+    popularity[list(empty)] = 0.0
+    popularity /= popularity.sum()
+    ids = np.stack([rng.choice(experts, top_k, replace=False, p=popularity) for _ in range(tokens)])
+    weights = rng.uniform(0.05, 1.0, (tokens, top_k)).astype(np.float32)
+    weights /= weights.sum(-1, keepdims=True)
+    return weights, ids.astype(np.int64)
+
+
+@pytest.mark.parametrize("tokens,hidden,inter,experts,top_k,empty", [
+    (1, 64, 96, 8, 2, (3,)),
+    (37, 100, 80, 8, 2, (1, 5)),
+    (128, 256, 3 * 96, 16, 4, (2, 7, 11)),
+    (37, 96, 64, 4, 1, (0, 1, 3)),  # every token to one expert
+])
+def test_moe_experts(
+    conformance: Harness, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
+    empty: tuple[int, ...],
+) -> None:
+    fd = conformance
+    rng = case_rng("moe_experts", tokens, hidden, inter, experts, top_k)
+    x = fd.rounded(rng.normal(0, 1, (tokens, hidden)))
+    up_gate = fd.rounded(rng.normal(0, hidden**-0.5, (experts, hidden, 2 * inter)))
+    down = fd.rounded(rng.normal(0, inter**-0.5, (experts, inter, hidden)))
+    weights, ids = _uneven_routing(rng, tokens, experts, top_k, empty)
+    loads = np.bincount(ids.reshape(-1), minlength=experts).tolist()
+    case = (f"x[{tokens}, {hidden}] experts={experts} top_k={top_k} inter={inter} "
+            f"tokens per expert={loads} dtype={fd.dtype}")
+    got = fd.call("moe_experts", x=fd.device(x), topk_weights=fd.device(weights, "float32"),
+                  topk_ids=fd.device(ids), up_gate_weights=fd.device(up_gate),
+                  down_weights=fd.device(down), quant=None)
+    want = fd.call_reference("moe_experts", x=fd.host(x), topk_weights=fd.host(weights),
+                             topk_ids=fd.host(ids), up_gate_weights=fd.host(up_gate),
+                             down_weights=fd.host(down), quant=None)
+    fd.assert_close("moe_experts", case, got, want, fd.tol())
+
