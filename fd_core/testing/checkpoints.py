@@ -185,6 +185,11 @@ def _source_tensor(name: str, shape: tuple[int, ...], cfg: dict[str, Any], seed:
         return np.float32(0.05) * rng.standard_normal(shape, dtype=np.float32)
     if name.endswith(("embed_tokens.weight", "lm_head.weight")):
         std = 2.5 / math.sqrt(cfg["hidden_size"])
+        values = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+        # rows past the trained pieces are the tokenizer's <unused_N> padding: keep
+        # their logits low, as in a trained model, so outputs are mostly real text
+        values[_TOKENIZER_PIECES:] *= np.float32(0.02)
+        return values
     else:
         std = 1.0 / math.sqrt(shape[1])
         if name.endswith(("o_proj.weight", "down_proj.weight")):

@@ -140,12 +140,14 @@ def test_cpu_backend_does_not_use_the_toy_kernel(toy) -> None:
     assert toy.calls["silu_and_mul"] == before
 
 
-def test_auto_prefers_toy_over_cpu_and_never_an_unusable_backend() -> None:
+def test_auto_follows_priority_and_never_picks_an_unusable_backend() -> None:
     rows = {row.name: row for row in list_backends()}
     for name in HARDWARE:
         if name in rows:
             assert not rows[name].availability.usable, f"{name} claims to be usable on this machine"
-    assert get_backend("auto").name == "toy"
+    # the toy (priority -1) is usable but ranks below the reference (0)
+    assert rows["toy"].availability.usable
+    assert get_backend("auto").name == "cpu"
 
 
 # ---------------------------------------------------------------- FD_PLUGINS
@@ -164,7 +166,7 @@ def test_fd_plugins_can_name_the_toy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FD_PLUGINS", "toy")
     envs.reset()
     assert set(manager.discover()) == {"cpu", "toy"}
-    assert get_backend("auto").name == "toy"
+    assert get_backend("toy").name == "toy"
 
 
 # ------------------------------------------------------- plugins that don't fit
@@ -195,9 +197,9 @@ def test_unknown_hook_is_refused(add_plugin, caplog: pytest.LogCaptureFixture) -
         get_backend("typo")
     assert "fd_no_such_hook" in str(excinfo.value)
     assert "fd_core.plugins.hookspecs" in str(excinfo.value)
-    # With auto it is skipped (despite its priority 50 > toy's 10) with a warning.
+    # With auto it is skipped (despite its priority 50 > cpu's 0) with a warning.
     with caplog.at_level(logging.WARNING, logger="fd_core.backends.registry"):
-        assert get_backend("auto").name == "toy"
+        assert get_backend("auto").name == "cpu"
     assert "'typo' is broken" in caplog.text
 
 
@@ -219,7 +221,7 @@ def test_failing_import_is_a_warning_with_auto(add_plugin, caplog: pytest.LogCap
     raise ImportError("libbroken_kernels.so: cannot open shared object file")
     """)
     with caplog.at_level(logging.WARNING, logger="fd_core.backends.registry"):
-        assert get_backend("auto").name == "toy"
+        assert get_backend("auto").name == "cpu"
     assert "backend 'broken' failed to load; skipping it" in caplog.text
     assert "libbroken_kernels.so" in caplog.text
     row = {r.name: r for r in list_backends()}["broken"]

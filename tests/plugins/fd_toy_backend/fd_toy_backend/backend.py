@@ -25,7 +25,7 @@ def fd_device_info() -> DeviceInfo:
         visible_devices_env=None,
         collective_backend="gloo",
         paddle_package="paddlepaddle",
-        auto_priority=10,  # above the reference (0), below hardware backends (100)
+        auto_priority=-1,  # below the reference (0): a test backend never wins --backend auto
         description="test backend: own silu_and_mul, reference for the rest",
     )
 
