@@ -63,13 +63,26 @@ class Ops:
         )
 
     def allocate_kv_cache(
-        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str,
+        location: str = "device",
     ) -> tuple[Tensor, Tensor]:
         return self._answer(  # type: ignore[no-any-return]
             "allocate_kv_cache",
             self._hook.fd_allocate_kv_cache(
                 num_blocks=num_blocks, block_size=block_size, num_kv_heads=num_kv_heads,
-                head_dim=head_dim, dtype=dtype,
+                head_dim=head_dim, dtype=dtype, location=location,
+            ),
+        )
+
+    def copy_kv_blocks(
+        self, src_cache: Tensor, dst_cache: Tensor, src_blocks: list[int], dst_blocks: list[int],
+        block_size: int,
+    ) -> None:
+        self._answer(
+            "copy_kv_blocks",
+            self._hook.fd_copy_kv_blocks(
+                src_cache=src_cache, dst_cache=dst_cache, src_blocks=src_blocks,
+                dst_blocks=dst_blocks, block_size=block_size,
             ),
         )
 

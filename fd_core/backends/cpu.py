@@ -112,10 +112,21 @@ def fd_linear(x: Any, weight: Any, bias: Any, quant: Any) -> Any:
 
 
 @impl
-def fd_allocate_kv_cache(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str) -> Any:
+def fd_allocate_kv_cache(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str, location: str
+) -> Any:
     from fd_core.ops.attention import reference_allocate_kv_cache
 
-    return reference_allocate_kv_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype)
+    return reference_allocate_kv_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype, location)
+
+
+@impl
+def fd_copy_kv_blocks(
+    src_cache: Any, dst_cache: Any, src_blocks: list[int], dst_blocks: list[int], block_size: int
+) -> Any:
+    from fd_core.ops.attention import reference_copy_kv_blocks
+
+    return reference_copy_kv_blocks(src_cache, dst_cache, src_blocks, dst_blocks, block_size)
 
 
 @impl

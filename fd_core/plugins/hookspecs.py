@@ -141,14 +141,29 @@ def fd_linear(x: Tensor, weight: Tensor, bias: Tensor | None, quant: Any) -> Any
 
 @hookspec(firstresult=True)
 def fd_allocate_kv_cache(
-    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str, location: str
 ) -> Any:
     """Allocate one layer's paged K and V cache; returns ``(k_cache, v_cache)``.
 
-    Called by the model runner once per attention layer at start-up. The
-    layout is the backend's own: only its cache-write and attention kernels
-    look inside. The reference uses ``[num_blocks * block_size, Hkv, Dh]``
-    so a slot ``block_id * block_size + offset`` is one row.
+    Called by the model runner once per attention layer at start-up, with
+    ``location="device"`` for the working cache and ``"host"`` for the
+    ``--swap-space`` tier (host memory; pinned where the device has such a
+    thing). The layout is the backend's own: only its cache-write, attention
+    and block-copy kernels look inside. The reference uses
+    ``[num_blocks * block_size, Hkv, Dh]`` so a slot
+    ``block_id * block_size + offset`` is one row.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_copy_kv_blocks(
+    src_cache: Tensor, dst_cache: Tensor, src_blocks: list[int], dst_blocks: list[int], block_size: int
+) -> Any:
+    """Copy whole blocks ``src_cache[src_blocks[i]] -> dst_cache[dst_blocks[i]]``.
+
+    Called by the model runner before a step's forward for the scheduler's
+    swap-outs (device -> host tier) and swap-ins (host -> device), once per
+    layer and for K and V separately. Returns True.
     """
 
 
