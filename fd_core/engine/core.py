@@ -238,5 +238,6 @@ class EngineCore:
         done = self._prompt_logprobs.setdefault(s.request_id, [None])
         if usable <= 0 or len(done) - 1 != start:
             return
-        entries = compute_prompt_logprobs(logits[:usable], tokens[: usable + 1], state.params.prompt_logprobs)
+        k = state.params.prompt_logprobs or 0
+        entries = compute_prompt_logprobs(logits[:usable], tokens[: usable + 1], k)
         done.extend(_position_logprobs(e) for e in entries)

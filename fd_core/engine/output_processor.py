@@ -33,6 +33,7 @@ class _Sample:
     min_tokens: int
     text: str = ""
     sent_chars: int = 0  # characters already handed out as deltas (streaming)
+    sent_tokens: int = 0  # tokens already handed out as deltas
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[Any] | None = None
     cumulative_logprob: float = 0.0
@@ -73,6 +74,7 @@ class _Sample:
         return delta
 
     def completion(self) -> CompletionOutput:
+        start, self.sent_tokens = self.sent_tokens, len(self.token_ids)
         return CompletionOutput(
             index=self.index,
             text=self.text,
@@ -81,6 +83,9 @@ class _Sample:
             logprobs=self.logprobs,
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
+            delta_text=self.take_delta(),
+            delta_token_ids=self.token_ids[start:],
+            delta_logprobs=self.logprobs[start:] if self.logprobs is not None else None,
         )
 
 
@@ -179,11 +184,6 @@ class OutputProcessor:
         ids = self.child_ids(request_id)
         self._drop(parent)
         return ids
-
-    def take_deltas(self, request_id: str) -> list[str]:
-        """Streaming: new text of each sample since the last call."""
-        parent = self._parents.get(request_id)
-        return [] if parent is None else [s.take_delta() for s in parent.samples]
 
     def _drop(self, parent: _Parent) -> None:
         self._parents.pop(parent.request_id, None)

@@ -80,6 +80,11 @@ class CompletionOutput:
     logprobs: list[PositionLogprobs] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # streaming: what is new since the previous RequestOutput of this request
+    # (text holds back a possible stop-string prefix until it is decided)
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list[PositionLogprobs] | None = None
 
     @property
     def finished(self) -> bool:

@@ -43,7 +43,13 @@ class Communicator:
         exchange them: rank r receives chunk r of every rank, concatenated."""
         if self.world_size == 1:
             return x
-        inputs = list(paddle.split(x, self.world_size, axis=0))
-        outputs: list[Any] = []
-        paddle.distributed.alltoall(inputs, outputs, group=self.group)
+        if paddle.distributed.get_backend(self.group).lower() == "gloo":
+            # gloo has no all_to_all: gather every rank's x, keep our chunk of each
+            parts: list[Any] = []
+            paddle.distributed.all_gather(parts, x, group=self.group)
+            outputs = [paddle.split(p, self.world_size, axis=0)[self.rank] for p in parts]
+        else:
+            inputs = list(paddle.split(x, self.world_size, axis=0))
+            outputs = []
+            paddle.distributed.alltoall(outputs, inputs, group=self.group)  # (out, in) order
         return paddle.concat(outputs, axis=0)

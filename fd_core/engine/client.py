@@ -1,0 +1,191 @@
+"""The async engine client the API server talks to.
+
+``EngineClient`` is the interface: submit a tokenized or text prompt and
+iterate its ``RequestOutput``s (each carries the deltas since the last one),
+abort, check health, read stats. ``MPEngineClient`` (engine core in its own
+process, ZeroMQ between) is what the server uses; ``InprocEngineClient``
+runs ``LLMEngine`` on a thread in this process, for tests and tools.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fd_core.config import EngineArgs
+from fd_core.engine.outputs import RequestOutput
+from fd_core.sampling.params import SamplingParams
+
+__all__ = ["EngineClient", "EngineDeadError", "EngineInfo", "EngineStats", "InprocEngineClient", "RequestError"]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core died or failed to start; the message carries its error."""
+
+
+class RequestError(ValueError):
+    """The engine refused a request (bad prompt, parameters that cannot fit)."""
+
+
+@dataclass
+class EngineInfo:
+    """Facts the API layer needs about the running engine."""
+
+    model_dir: str
+    max_model_len: int
+    vocab_size: int
+    num_kv_blocks: int
+    block_size: int
+    backend: str
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine for /metrics (refreshed every step)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # fraction of KV blocks in use
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of which found
+    num_preemptions: int = 0
+    num_free_blocks: int = 0
+
+
+class EngineClient(abc.ABC):
+    """What the API server needs from an engine."""
+
+    tokenizer: Any
+    info: EngineInfo
+
+    @abc.abstractmethod
+    def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int] | dict[str, Any],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Submit a request and yield its outputs until one is ``finished``.
+
+        Raises RequestError (before the first output) for a request the
+        engine refuses, EngineDeadError if the engine dies meanwhile.
+        Cancelling the iteration (client disconnect) aborts the request.
+        """
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Abort a request; its KV blocks are freed at the engine's next step."""
+
+    @abc.abstractmethod
+    async def check_health(self) -> None:
+        """Raise EngineDeadError if the engine is not serving."""
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        """The latest engine stats (cheap: no round trip)."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Stop the engine."""
+
+
+class InprocEngineClient(EngineClient):
+    """``LLMEngine`` stepping on a background thread of this process."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        from fd_core.engine.llm_engine import LLMEngine
+
+        self.engine = LLMEngine(args)
+        self.tokenizer = self.engine.tokenizer
+        core = self.engine.core
+        self.info = EngineInfo(str(core.model_dir), args.max_model_len, core.model_config.vocab_size,
+                               core.cache_config.num_blocks, core.cache_config.block_size, core.backend.name)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stats = EngineStats()
+        self._error: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="fd-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop:
+                with self._lock:
+                    busy = self.engine.has_unfinished_requests()
+                    outputs = self.engine.step() if busy else []
+                    self._stats = _stats_of(self.engine.core)
+                for out in outputs:
+                    target = self._queues.get(out.request_id)
+                    if target is not None:
+                        loop, queue = target
+                        loop.call_soon_threadsafe(queue.put_nowait, out)
+                if not busy:
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+        except BaseException as exc:  # the engine is dead: fail every waiter
+            self._error = exc
+            for loop, queue in list(self._queues.values()):
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+
+    async def generate(
+        self, request_id: str, prompt: str | list[int] | dict[str, Any], params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        await self.check_health()
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = (asyncio.get_running_loop(), queue)
+        try:
+            with self._lock:
+                try:
+                    self.engine.add_request(request_id, prompt, params, arrival_time)
+                except (ValueError, TypeError) as exc:
+                    raise RequestError(str(exc)) from None
+            self._wake.set()
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise EngineDeadError(f"engine failed: {type(item).__name__}: {item}")
+                yield item
+                if item.finished:
+                    return
+        finally:
+            self._queues.pop(request_id, None)
+            with self._lock:
+                self.engine.abort_request(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        with self._lock:
+            self.engine.abort_request(request_id)
+
+    async def check_health(self) -> None:
+        if self._error is not None or not self._thread.is_alive():
+            raise EngineDeadError(f"engine is not running: {self._error!r}")
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    async def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+
+def _stats_of(core: Any) -> EngineStats:
+    """EngineStats from an EngineCore (called in the engine's own thread/process)."""
+    st = core.scheduler.make_stats()
+    return EngineStats(
+        num_running=st.num_running,
+        num_waiting=st.num_waiting,
+        kv_cache_usage=st.kv_cache_usage,
+        prefix_cache_queries=st.prefix_cache_queries,
+        prefix_cache_hits=st.prefix_cache_hits,
+        num_preemptions=st.num_preemptions,
+        num_free_blocks=core.scheduler.kv_cache_manager.pool.num_free_blocks,
+    )

@@ -1,0 +1,1 @@
+"""Each CPU reference op against an independent numpy definition (numpy_ref)."""
