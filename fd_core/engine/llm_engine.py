@@ -1,4 +1,4 @@
-"""The in-process engine: tokenizer + output processor + engine core.
+"""The in-process engine: frontend (tokenizer, output processor) + engine core.
 
 ``add_request`` takes text or token ids, ``step`` returns ``RequestOutput``s
 with text, ``abort_request`` frees a request at once. The offline ``LLM``
@@ -11,25 +11,14 @@ import time
 from typing import Any
 
 from fd_core.config import EngineArgs
-from fd_core.engine.core import EngineCore, EngineCoreRequest
-from fd_core.engine.output_processor import OutputProcessor
+from fd_core.engine.core import EngineCore
+from fd_core.engine.frontend import Frontend, eos_token_ids_of
 from fd_core.engine.outputs import RequestOutput
 from fd_core.engine.request import RequestStatus
 from fd_core.sampling.params import SamplingParams
 from fd_core.tokenizer import Tokenizer
 
-__all__ = ["LLMEngine", "tokenize_bad_words"]
-
-
-def tokenize_bad_words(tokenizer: Any, words: list[str]) -> list[list[int]]:
-    """Token sequences to ban for each bad word, with and without a leading space."""
-    out: list[list[int]] = []
-    for word in words:
-        for variant in (word, " " + word.lstrip()):
-            ids = tokenizer.encode(variant)
-            if ids and ids not in out:
-                out.append(ids)
-    return out
+__all__ = ["LLMEngine"]
 
 
 class LLMEngine:
@@ -39,29 +28,14 @@ class LLMEngine:
         self.tokenizer = Tokenizer.from_pretrained(
             args.tokenizer or self.core.model_dir, chat_template=args.chat_template
         )
-        self.processor = OutputProcessor(self.tokenizer)
-        eos = list(self.tokenizer.eos_token_ids or [])
-        eos += [t for t in self.core.model_config.eos_token_ids if t not in eos]
-        self.eos_token_ids = eos
+        self.eos_token_ids = eos_token_ids_of(self.tokenizer, self.core.model_config.eos_token_ids)
+        self.frontend = Frontend(self.tokenizer, self.eos_token_ids, self.core.model_config.vocab_size,
+                                 args.max_model_len)
+        self.processor = self.frontend.processor
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> LLMEngine:
         return cls(EngineArgs.from_kwargs(model, **kwargs))
-
-    def encode_prompt(self, prompt: str | list[int] | dict[str, Any]) -> tuple[str | None, list[int]]:
-        """Text, token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``."""
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return None, list(prompt)
-        raise TypeError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def add_request(
         self,
@@ -71,17 +45,10 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> None:
         """Queue a request; raises ValueError/TypeError naming a bad input."""
-        params = params or SamplingParams()
-        text, token_ids = self.encode_prompt(prompt)
-        bad_words = tokenize_bad_words(self.tokenizer, list(params.bad_words or []))
-        arrival_time = arrival_time or time.time()
-        child_ids = self.processor.add_request(request_id, text, token_ids, params, arrival_time)
+        requests = self.frontend.prepare(request_id, prompt, params, arrival_time or time.time())
         try:
-            for i, child_id in enumerate(child_ids):
-                child = params.replace(n=1, seed=None if params.seed is None else params.seed + i)
-                self.core.add_request(EngineCoreRequest(
-                    child_id, token_ids, child, self.eos_token_ids, bad_words, arrival_time,
-                ))
+            for request in requests:
+                self.core.add_request(request)
         except Exception:
             self.abort_request(request_id)
             raise

@@ -140,6 +140,11 @@ class OutputProcessor:
             ids.append(child)
         return ids
 
+    def parent_of(self, child_id: str) -> str | None:
+        """The user-facing request id of an engine-core request id."""
+        found = self._child_to_parent.get(child_id)
+        return None if found is None else found[0].request_id
+
     def child_ids(self, request_id: str) -> list[str]:
         return [c for c, (p, _) in self._child_to_parent.items() if p.request_id == request_id]
 
