@@ -1,0 +1,54 @@
+"""Reasoning parsers and tool-call parsers, and their registries.
+
+Owns splitting a model's output text into ``reasoning_content``,
+``content`` and tool calls, in one piece or delta by delta, for
+``--reasoning-parser`` / ``--tool-call-parser`` (``ernie_x1``,
+``ernie-45-vl``, ``qwen3``). Pure Python: the API server process imports it.
+May import: fd_core.plugins (for parser plugins). Never paddle or numpy.
+
+Use, per request (parsers keep streaming state, so one instance each)::
+
+    reasoning = ReasoningParserManager.get(name)(tokenizer)
+    tools = ToolParserManager.get(name)(tokenizer)
+    # complete output
+    reasoning_content, content = reasoning.extract_reasoning_content(text, request)
+    calls = tools.extract_tool_calls(content or "", request)
+    # streaming: the reasoning parser's content deltas are the tool parser's
+    # text, so give the tool parser the accumulated content, not the output
+    delta = reasoning.extract_reasoning_content_streaming(prev, cur, d, prev_ids, cur_ids, d_ids)
+    if delta and delta.content:
+        tool_delta = tools.extract_tool_calls_streaming(
+            prev_content, prev_content + delta.content, delta.content, [], [], [], request)
+
+Streamed and one-shot results agree for any split of the text into deltas
+(for ``qwen3``/``ernie-45-vl`` as long as the output has ``</think>``; see
+their modules). Parsers hold back a trailing piece of text that could still
+be the start of a tag (and, before a closing tag, one newline); at the end
+of an output such a piece is dropped in both modes.
+"""
+
+from fd_core.parsers.base import (
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    ExtractedToolCalls,
+    FunctionCall,
+    ReasoningParser,
+    ToolCall,
+    ToolParser,
+)
+from fd_core.parsers.registry import ParserRegistry, ReasoningParserManager, ToolParserManager
+
+__all__ = [
+    "DeltaFunctionCall",
+    "DeltaMessage",
+    "DeltaToolCall",
+    "ExtractedToolCalls",
+    "FunctionCall",
+    "ParserRegistry",
+    "ReasoningParser",
+    "ReasoningParserManager",
+    "ToolCall",
+    "ToolParser",
+    "ToolParserManager",
+]

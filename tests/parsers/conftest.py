@@ -1,0 +1,44 @@
+"""Helpers shared by the parser tests: random splits and stream replay."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+
+
+def splits(text: str, seed: int) -> Iterator[list[str]]:
+    """Ways to cut ``text`` into deltas: whole, per character, random chunks."""
+    yield [text]
+    yield list(text)
+    rng = random.Random(seed)
+    for _ in range(20):
+        pieces, i = [], 0
+        while i < len(text):
+            n = rng.randint(1, 12)
+            pieces.append(text[i : i + n])
+            i += n
+        yield pieces
+
+
+def stream_reasoning(parser, deltas: list[str]) -> tuple[str, str, list]:
+    """Feed ``deltas`` to a streaming reasoning parser; returns the joined
+    reasoning, the joined content and the messages."""
+    previous, reasoning, content, messages = "", "", "", []
+    for delta in deltas:
+        current = previous + delta
+        msg = parser.extract_reasoning_content_streaming(previous, current, delta, [], [], [])
+        if msg is not None:
+            messages.append(msg)
+            reasoning += msg.reasoning_content or ""
+            content += msg.content or ""
+        previous = current
+    return reasoning, content, messages
+
+
+@pytest.fixture(scope="session")
+def tokenizer(checkpoint_factory):
+    from fd_core.tokenizer import Tokenizer
+
+    return Tokenizer.from_pretrained(checkpoint_factory("tiny-dense", "pytorch"))
