@@ -1,0 +1,10 @@
+"""Benchmarks: ``fd-bench serve`` (an OpenAI-compatible server over HTTP),
+``fd-bench throughput`` and ``fd-bench latency`` (the engine in process).
+
+Owns the benchmark datasets (random, shared-prefix, ShareGPT), the streaming
+HTTP client that times each request, the serving metrics (vLLM's
+benchmark_serving definitions) and the result tables and JSON files. The serve
+client imports no paddle: it only needs httpx, numpy and, for text prompts,
+``fd_core.tokenizer``. The offline commands import ``fd_core.LLM``.
+Timings are measured by running these commands, never by tests.
+"""
