@@ -1,8 +1,8 @@
 """Developer sessions: `nox -s tests`, `lint`, `typecheck`, `conformance`.
 
 Each session installs what it needs into its own virtual environment; the
-backend packages under backends/ and the toy third-party backend used by the
-tests are installed alongside fd-core.
+backend packages under backends/ and the test plugins under tests/plugins/
+(a toy third-party backend, a scripted model) are installed alongside fd-core.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import nox
 nox.options.sessions = ["lint", "tests"]
 ROOT = Path(__file__).parent
 BACKENDS = sorted(str(p) for p in (ROOT / "backends").glob("fd_*") if (p / "pyproject.toml").exists())
-TOY = str(ROOT / "tests" / "plugins" / "fd_toy_backend")
+TEST_PLUGINS = sorted(str(p) for p in (ROOT / "tests" / "plugins").glob("fd_*") if (p / "pyproject.toml").exists())
 
 
 def _install_all(session: nox.Session) -> None:
     session.install("torch==2.13.0")
     session.install("-e", ".[cpu,test]")
-    for path in [*BACKENDS, TOY]:
+    for path in [*BACKENDS, *TEST_PLUGINS]:
         session.install("--no-build-isolation", "-e", path)
 
 
