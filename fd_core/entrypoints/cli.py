@@ -115,12 +115,13 @@ def server_kwargs_from(ns: argparse.Namespace) -> dict[str, Any]:
 
     names = ns.served_model_name or [ns.model]
     return dict(
-        served_model_names=list(names),
+        served_model_names=tuple(names),
         api_key=ns.api_key or envs.get("FD_API_KEY"),
         max_concurrency=ns.max_concurrency,
         reasoning_parser=ns.reasoning_parser,
         tool_call_parser=ns.tool_call_parser,
         max_model_len=ns.max_model_len,
+        metrics_port=ns.metrics_port,
     )
 
 
