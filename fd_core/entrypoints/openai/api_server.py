@@ -1,0 +1,220 @@
+"""``build_app(client, server_args)``: the OpenAI-compatible FastAPI app over an EngineClient.
+
+The CLI (``fd_core.entrypoints.cli``) builds the engine client and the
+``ServerArgs`` from its flags, calls ``build_app`` and serves the result
+with uvicorn; with ``--metrics-port`` it also serves ``build_metrics_app``
+on that port, and /metrics leaves the main app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import fd_core
+from fd_core.engine.client import EngineClient
+from fd_core.entrypoints.openai.chat_parsing import resolve_parser
+from fd_core.entrypoints.openai.errors import error_response, install_error_handlers
+from fd_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from fd_core.entrypoints.openai.serving_chat import OpenAIServingChat
+from fd_core.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from fd_core.entrypoints.openai.serving_misc import misc_router
+from fd_core.metrics import Metrics
+from fd_core.tokenizer.chat_template import load_chat_template
+
+__all__ = ["ServerArgs", "build_app", "build_metrics_app"]
+
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")  # /health, /version, /metrics stay open
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """What the HTTP layer needs from the command line (FastDeploy's flag names)."""
+
+    served_model_names: tuple[str, ...] = ()  # --served-model-name; empty: the model directory
+    api_key: str | None = None  # --api-key / FD_API_KEY: Bearer token for /v1/*, /tokenize, /detokenize
+    max_concurrency: int | None = None  # --max-concurrency: generation requests in flight; more get 429
+    reasoning_parser: str | None = None  # --reasoning-parser, e.g. ernie_x1
+    tool_call_parser: str | None = None  # --tool-call-parser, e.g. ernie_x1
+    metrics_port: int | None = None  # --metrics-port: /metrics on its own app (build_metrics_app)
+    max_model_len: int | None = None  # default: the engine's
+    chat_template: str | None = None  # --chat-template: a .jinja path or the template text
+    extra: dict[str, Any] = field(default_factory=dict)  # room for flags this layer ignores
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"--max-model-len must be >= 2, got {self.max_model_len}")
+
+
+@dataclass
+class AppState:
+    """Everything the route handlers share, as ``app.state.fd``."""
+
+    client: EngineClient
+    tokenizer: Any
+    served_model_names: list[str]
+    max_model_len: int
+    metrics: Metrics
+    chat: OpenAIServingChat
+    completion: OpenAIServingCompletion
+    started: float
+
+
+class SSEResponse(StreamingResponse):
+    """Server-sent events that always close their generator, so a client that goes
+    away aborts its request whichever way the server notices (cancel or send error)."""
+
+    def __init__(self, events: AsyncIterator[str]) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+class APIKeyMiddleware:
+    """401 for protected paths without ``Authorization: Bearer <api key>``."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] != "OPTIONS"
+                and scope["path"].startswith(PROTECTED_PREFIXES)):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                response = error_response(
+                    "Unauthorized: this server needs an API key, sent as 'Authorization: Bearer <key>'"
+                    if not given else "Unauthorized: the API key is not valid", 401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class ConcurrencyLimitMiddleware:
+    """429 at once for a generation request over ``limit`` in flight (a stream is
+    in flight until its last byte)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in GENERATION_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limit:
+            response = error_response(
+                f"Too many requests: {self.in_flight} are in flight and this server takes at most "
+                f"{self.limit} (--max-concurrency); retry later", 429, headers={"Retry-After": "1"})
+            await response(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> FastAPI:
+    """The OpenAI-compatible app over ``client``.
+
+    Raises ValueError for a bad server argument (an unknown parser name, an
+    unreadable chat template) so the CLI can report it before serving.
+    """
+    args = server_args or ServerArgs()
+    names = list(args.served_model_names) or [client.info.model_dir]
+    max_model_len = args.max_model_len or client.info.max_model_len
+    chat_template = load_chat_template(args.chat_template) if args.chat_template else None
+    reasoning_cls = resolve_parser("reasoning", args.reasoning_parser)
+    tool_cls = resolve_parser("tool-call", args.tool_call_parser)
+    metrics = Metrics(stats=client.stats, info=client.info)
+
+    app = FastAPI(title="fd-core OpenAI-compatible server", version=fd_core.__version__)
+    app.state.fd = AppState(
+        client=client, tokenizer=client.tokenizer, served_model_names=names, max_model_len=max_model_len,
+        metrics=metrics,
+        chat=OpenAIServingChat(client, names, max_model_len, metrics, reasoning_cls, tool_cls, chat_template),
+        completion=OpenAIServingCompletion(client, names, max_model_len, metrics),
+        started=time.time(),
+    )
+    install_error_handlers(app)
+    app.include_router(misc_router())
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await _respond(request, request.app.state.fd.chat.create(body))
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await _respond(request, request.app.state.fd.completion.create(body))
+
+    if args.metrics_port is None:
+        app.add_api_route("/metrics", _metrics_endpoint(metrics), methods=["GET"], include_in_schema=False)
+    if args.max_concurrency is not None:
+        app.add_middleware(ConcurrencyLimitMiddleware, limit=args.max_concurrency)
+    if args.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)  # outermost: 401 before 429
+    return app
+
+
+async def _respond(request: Request, work: Awaitable[dict[str, Any] | AsyncIterator[str]]) -> Response:
+    """Run a handler, cancelling it (which aborts its engine requests) if the
+    client disconnects before the answer starts, as vLLM's ``with_cancellation``."""
+    handler = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not handler.done():
+            handler.cancel()
+    if not handler.done() or handler.cancelled():
+        return Response(status_code=499)  # nobody is listening any more
+    result = handler.result()
+    return JSONResponse(result) if isinstance(result, dict) else SSEResponse(result)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _metrics_endpoint(metrics: Metrics) -> Any:
+    async def metrics_endpoint() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    return metrics_endpoint
+
+
+def build_metrics_app(app: FastAPI) -> FastAPI:
+    """A tiny app serving only ``/metrics`` of ``app`` (for ``--metrics-port``)."""
+    metrics_app = FastAPI(title="fd-core metrics", openapi_url=None, docs_url=None, redoc_url=None)
+    metrics_app.add_api_route("/metrics", _metrics_endpoint(app.state.fd.metrics), methods=["GET"])
+    return metrics_app
+
+
+if __name__ == "__main__":  # python -m fd_core.entrypoints.openai.api_server: the same server as fd-serve
+    import sys
+
+    from fd_core.entrypoints.cli import serve_main
+
+    sys.exit(serve_main())

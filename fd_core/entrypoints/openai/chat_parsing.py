@@ -1,0 +1,159 @@
+"""Reasoning and tool-call parsing of chat outputs, whole and streamed (vLLM's flow).
+
+The reasoning parser runs first and splits ``reasoning_content`` from the
+content; the tool parser then runs on the content part only, and when it
+finds calls the choice's ``finish_reason`` becomes ``"tool_calls"``.
+Parsers come from ``fd_core.parsers`` (their objects are read by attribute,
+so pydantic models and dataclasses both work).
+
+When ``is_reasoning_end(prompt_ids)`` holds (the template pre-filled an
+empty think block: ``enable_thinking=false``) the reasoning parser is left
+out and the whole output is content. Otherwise it sees every delta, before
+and after the reasoning ends (ERNIE X1's parser also shapes the answer).
+
+reasoning_tokens counts the output tokens up to and including the end of
+the reasoning part: the shortest prefix for which ``is_reasoning_end`` holds
+(binary search; the end marker does not un-happen), or, streaming, the
+tokens of the deltas before it. When the parser cannot see the end marker
+as a token id, the reasoning text is re-encoded (an approximation).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+__all__ = ["ChoiceParser", "resolve_parser", "tool_call_dict"]
+
+
+def resolve_parser(kind: str, name: str | None) -> type | None:
+    """The parser class registered as ``name`` (``ernie_x1`` == ``ernie-x1``), or None.
+
+    Raises ValueError naming the known parsers when ``name`` is unknown.
+    """
+    if not name:
+        return None
+    from fd_core.parsers import ReasoningParserManager, ToolParserManager
+
+    return (ReasoningParserManager if kind == "reasoning" else ToolParserManager).get(name)
+
+
+def tool_call_dict(call: Any, index: int | None = None) -> dict[str, Any]:
+    """An OpenAI ``tool_calls`` entry from a parser's ToolCall / DeltaToolCall."""
+    out: dict[str, Any] = {}
+    idx = getattr(call, "index", index)
+    if idx is not None:
+        out["index"] = idx
+    if getattr(call, "id", None):
+        out["id"] = call.id
+    if getattr(call, "type", None):
+        out["type"] = call.type
+    fn = getattr(call, "function", None)
+    if fn is not None:
+        f: dict[str, Any] = {}
+        if getattr(fn, "name", None) is not None:
+            f["name"] = fn.name
+        if getattr(fn, "arguments", None) is not None:
+            f["arguments"] = fn.arguments
+        out["function"] = f
+    return out
+
+
+class ChoiceParser:
+    """Parsing state of one choice of one chat request."""
+
+    def __init__(self, reasoning_cls: type | None, tool_cls: type | None, tokenizer: Any, request: Any,
+                 prompt_ids: list[int] | None = None) -> None:
+        self.reasoning = reasoning_cls(tokenizer) if reasoning_cls is not None else None
+        if self.reasoning is not None and prompt_ids and self.reasoning.is_reasoning_end(prompt_ids):
+            self.reasoning = None  # the prompt closed the reasoning (enable_thinking=false): all is content
+        self.tools = tool_cls(tokenizer) if tool_cls is not None else None
+        self.tokenizer = tokenizer
+        self.request = request
+        self.reasoning_ended = self.reasoning is None
+        self.reasoning_tokens = 0
+        self.tools_called = False
+        self._text = ""  # everything generated so far
+        self._ids: list[int] = []
+        self._content_text = ""  # the part after the reasoning, as the tool parser sees it
+        self._content_ids: list[int] = []
+
+    @property
+    def active(self) -> bool:
+        return self.reasoning is not None or self.tools is not None
+
+    # ---- whole output -------------------------------------------------------------
+    def parse(self, text: str, token_ids: list[int]) -> tuple[str | None, str | None, list[dict] | None]:
+        """(reasoning_content, content, tool_calls) of a finished output."""
+        reasoning, content = None, text
+        if self.reasoning is not None:
+            reasoning, content = self.reasoning.extract_reasoning_content(text, self.request)
+            self.reasoning_tokens = self._count_reasoning_tokens(reasoning, content, token_ids)
+        tool_calls = None
+        if self.tools is not None:
+            info = self.tools.extract_tool_calls(content or "", self.request)
+            if info.tools_called:
+                self.tools_called = True
+                tool_calls = [tool_call_dict(c) for c in info.tool_calls or []]
+                for call in tool_calls:
+                    call.pop("index", None)
+                    call.setdefault("id", f"call_{uuid.uuid4().hex[:24]}")
+                    call.setdefault("type", "function")
+                content = info.content
+        return reasoning or None, content, tool_calls
+
+    def _count_reasoning_tokens(self, reasoning: str | None, content: str | None, token_ids: list[int]) -> int:
+        if not reasoning or self.reasoning is None:
+            return 0
+        is_end = self.reasoning.is_reasoning_end
+        if not is_end(token_ids):
+            if content is None:  # still thinking: every token is reasoning
+                return len(token_ids)
+            return min(len(token_ids), len(self.tokenizer.encode(reasoning)))  # no end-marker id: estimate
+        lo, hi = 0, len(token_ids)  # smallest prefix length whose tokens end the reasoning
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if is_end(token_ids[:mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    # ---- streaming ----------------------------------------------------------------
+    def delta(self, delta_text: str, delta_ids: list[int]) -> dict[str, Any] | None:
+        """The delta message fields for new text, or None when the parsers hold it back."""
+        prev_text, prev_ids = self._text, self._ids
+        self._text, self._ids = prev_text + delta_text, prev_ids + list(delta_ids)
+        out: dict[str, Any] = {}
+        content_delta: str | None = delta_text
+        if self.reasoning is not None:
+            # the reasoning parser sees every delta: after the reasoning it still shapes the content
+            if not self.reasoning_ended:
+                self.reasoning_tokens += len(delta_ids)
+            msg = self.reasoning.extract_reasoning_content_streaming(
+                prev_text, self._text, delta_text, prev_ids, self._ids, list(delta_ids))
+            content_delta = None
+            if msg is not None:
+                if getattr(msg, "reasoning_content", None):
+                    out["reasoning_content"] = msg.reasoning_content
+                content_delta = getattr(msg, "content", None)
+            if content_delta or self.reasoning.is_reasoning_end(self._ids):
+                self.reasoning_ended = True
+        if content_delta:
+            if self.tools is None:
+                out["content"] = content_delta
+            else:
+                prev_c, prev_cids = self._content_text, self._content_ids
+                self._content_text = prev_c + content_delta
+                self._content_ids = prev_cids + list(delta_ids)
+                msg = self.tools.extract_tool_calls_streaming(
+                    prev_c, self._content_text, content_delta, prev_cids, self._content_ids,
+                    list(delta_ids), self.request)
+                if msg is not None:
+                    if getattr(msg, "content", None):
+                        out["content"] = msg.content
+                    calls = getattr(msg, "tool_calls", None) or []
+                    if calls:
+                        self.tools_called = True
+                        out["tool_calls"] = [tool_call_dict(c, i) for i, c in enumerate(calls)]
+        return out or None

@@ -1,0 +1,189 @@
+"""``/v1/chat/completions``: render the chat template, generate, answer or stream."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fd_core.engine.client import EngineClient
+from fd_core.engine.outputs import RequestOutput
+from fd_core.entrypoints.openai.chat_parsing import ChoiceParser
+from fd_core.entrypoints.openai.errors import OpenAIError, error_body
+from fd_core.entrypoints.openai.protocol import ChatCompletionRequest
+from fd_core.entrypoints.openai.serving_base import OpenAIServing, random_id, sse, usage
+from fd_core.metrics import Metrics
+from fd_core.sampling.params import SamplingParams
+
+__all__ = ["OpenAIServingChat", "render_chat"]
+
+logger = logging.getLogger("fd_core.entrypoints.openai")
+
+# apply_chat_template's own parameters: never taken from chat_template_kwargs
+_RESERVED_TEMPLATE_KWARGS = {"messages", "add_generation_prompt", "tools", "tokenize", "chat_template"}
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None, kwargs: dict[str, Any] | None,
+                chat_template: str | None) -> str:
+    """The prompt text; a template error is a 400 carrying the template's message."""
+    extra = {k: v for k, v in (kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                             chat_template=chat_template, **extra)
+    except Exception as exc:  # jinja errors, raise_exception() in the template, bad content types
+        raise OpenAIError(f"The chat template could not render these messages: {type(exc).__name__}: {exc}",
+                          400, "messages") from None
+
+
+class OpenAIServingChat(OpenAIServing):
+    def __init__(self, client: EngineClient, served_model_names: list[str], max_model_len: int,
+                 metrics: Metrics, reasoning_parser: type | None = None, tool_parser: type | None = None,
+                 chat_template: str | None = None) -> None:
+        super().__init__(client, served_model_names, max_model_len, metrics)
+        self.reasoning_parser = reasoning_parser
+        self.tool_parser = tool_parser
+        self.chat_template = chat_template
+
+    async def create(self, request: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
+        """The response dict, or the SSE event strings when ``request.stream``."""
+        arrival = time.time()
+        model = self.check_model(request.model)
+        self._check_unsupported(request)
+        prompt = render_chat(self.tokenizer, request.template_messages(), request.add_generation_prompt,
+                             request.template_tools(), request.chat_template_kwargs, self.chat_template)
+        prompt_ids = self.tokenizer.encode(prompt)
+        field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+        requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+        max_tokens = self.max_tokens_for(len(prompt_ids), requested, field)
+        if request.top_logprobs is not None and not request.logprobs:
+            raise OpenAIError("top_logprobs needs logprobs set to true", 400, "top_logprobs")
+        params = self.sampling_params(request, max_tokens, (request.top_logprobs or 0) if request.logprobs else None)
+        request_id = random_id("chatcmpl", request.request_id)
+        stream = self.generate(request_id, prompt_ids, params, arrival)
+        first = await self.first_output(stream)
+        use_tools = self.tool_parser if request.template_tools() else None
+        parsers = [ChoiceParser(self.reasoning_parser, use_tools, self.tokenizer, request, prompt_ids)
+                   for _ in range(params.n)]
+        if request.stream:
+            return self._stream(request, request_id, model, params, prompt_ids, first, stream, parsers)
+        final = first
+        try:
+            async for out in stream:
+                final = out
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        return self._response(request, request_id, model, params, final, parsers)
+
+    @staticmethod
+    def _check_unsupported(request: ChatCompletionRequest) -> None:
+        choice = request.tool_choice
+        if choice == "required" or (choice is not None and not isinstance(choice, str)):
+            raise OpenAIError("tool_choice 'required' or a named function needs guided decoding, which "
+                              "fd-core does not support yet; use 'auto' or 'none'", 400, "tool_choice")
+        fmt = request.response_format
+        if fmt is not None and fmt.type != "text":
+            raise OpenAIError(f"response_format {fmt.type!r} needs guided decoding, which fd-core does not "
+                              "support yet; use 'text'", 400, "response_format")
+
+    def _response(self, request: ChatCompletionRequest, request_id: str, model: str, params: SamplingParams,
+                  final: RequestOutput, parsers: list[ChoiceParser]) -> dict[str, Any]:
+        choices = []
+        for c, parser in zip(final.outputs, parsers):
+            reasoning, content, tool_calls = parser.parse(c.text, c.token_ids)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if reasoning is not None:
+                message["reasoning_content"] = reasoning
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            if request.return_token_ids:
+                message["prompt_token_ids"] = final.prompt_token_ids
+                message["completion_token_ids"] = c.token_ids
+            logprobs = None
+            if params.logprobs is not None and c.logprobs is not None:
+                logprobs = {"content": self.chat_logprobs(c.token_ids, c.logprobs, params.logprobs)}
+            choice = {"index": c.index, "message": message, "logprobs": logprobs,
+                      "finish_reason": "tool_calls" if parser.tools_called else c.finish_reason,
+                      "stop_reason": c.stop_reason}
+            if params.prompt_logprobs is not None and final.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = self.prompt_logprobs(final.prompt_token_ids, final.prompt_logprobs)
+            choices.append(choice)
+        return {
+            "id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": choices,
+            "usage": usage(len(final.prompt_token_ids), sum(len(c.token_ids) for c in final.outputs),
+                           final.num_cached_tokens, sum(p.reasoning_tokens for p in parsers)),
+        }
+
+    async def _stream(self, request: ChatCompletionRequest, request_id: str, model: str, params: SamplingParams,
+                      prompt_ids: list[int], first: RequestOutput, stream: AsyncIterator[RequestOutput],
+                      parsers: list[ChoiceParser]) -> AsyncIterator[str]:
+        created = int(time.time())
+        n_prompt = len(prompt_ids)
+        per_chunk = request.max_streaming_response_tokens or 1
+        done = [False] * params.n
+        buffers: list[list[Any]] = [["", [], []] for _ in range(params.n)]  # text, ids, logprobs not sent yet
+        generated = [0] * params.n
+        cached = first.num_cached_tokens
+
+        def chunk(choices: list[dict[str, Any]]) -> str:
+            body: dict[str, Any] = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                                    "model": model, "choices": choices}
+            if request.continuous_usage:
+                body["usage"] = usage(n_prompt, sum(generated), cached)
+            return sse(body)
+
+        async def outputs() -> AsyncIterator[RequestOutput]:
+            yield first
+            async for out in stream:
+                yield out
+
+        try:
+            for i in range(params.n):
+                delta: dict[str, Any] = {"role": "assistant", "content": ""}
+                if request.return_token_ids:
+                    delta["prompt_token_ids"] = prompt_ids
+                yield chunk([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+            async for out in outputs():
+                cached = max(cached, out.num_cached_tokens)
+                for c in out.outputs:
+                    if done[c.index]:
+                        continue
+                    generated[c.index] = len(c.token_ids)
+                    buf = buffers[c.index]
+                    buf[0] += c.delta_text
+                    buf[1].extend(c.delta_token_ids)
+                    buf[2].extend(c.delta_logprobs or [])
+                    if len(buf[1]) < per_chunk and not c.finished:
+                        continue
+                    text, ids, lps = buf
+                    buffers[c.index] = ["", [], []]
+                    parser = parsers[c.index]
+                    delta = (parser.delta(text, ids) or {}) if parser.active else ({"content": text} if text else {})
+                    if request.return_token_ids and ids:
+                        delta["completion_token_ids"] = ids
+                    logprobs = None
+                    if params.logprobs is not None and lps:
+                        logprobs = {"content": self.chat_logprobs(ids, lps, params.logprobs)}
+                    finish = None
+                    if c.finished:
+                        done[c.index] = True
+                        finish = "tool_calls" if parser.tools_called else c.finish_reason
+                    if delta or logprobs or finish:
+                        choice = {"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+                        if finish:
+                            choice["stop_reason"] = c.stop_reason
+                        yield chunk([choice])
+            if request.include_usage:
+                yield sse({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [], "usage": usage(n_prompt, sum(generated), cached,
+                                                         sum(p.reasoning_tokens for p in parsers))})
+        except OpenAIError as exc:
+            yield sse(error_body(exc.message, exc.status, exc.param))
+        except Exception as exc:  # the engine died mid-stream, or a bug: tell the client, then end
+            logger.exception("%s failed while streaming", request_id)
+            yield sse(error_body(f"{type(exc).__name__}: {exc}", 503 if "Engine" in type(exc).__name__ else 500))
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        yield sse("[DONE]")

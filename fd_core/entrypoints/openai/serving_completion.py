@@ -1,0 +1,184 @@
+"""``/v1/completions``: one engine request per prompt, choices ordered prompt-major.
+
+A batch of P prompts with ``n`` samples answers P*n choices; choice
+``p * n + i`` is sample ``i`` of prompt ``p`` (OpenAI's and vLLM's order).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fd_core.engine.outputs import CompletionOutput, RequestOutput
+from fd_core.entrypoints.openai.errors import OpenAIError, error_body
+from fd_core.entrypoints.openai.protocol import CompletionRequest
+from fd_core.entrypoints.openai.serving_base import (
+    OpenAIServing,
+    merge_streams,
+    random_id,
+    sse,
+    usage,
+)
+from fd_core.sampling.params import SamplingParams
+
+__all__ = ["OpenAIServingCompletion"]
+
+logger = logging.getLogger("fd_core.entrypoints.openai")
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    def prompts_of(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        """(text or None, token ids) per prompt of the request."""
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            items: list[str | list[int]] = [prompt]
+        elif len(prompt) == 0:
+            raise OpenAIError("prompt must not be empty", 400, "prompt")
+        elif all(isinstance(p, int) for p in prompt):
+            items = [list(prompt)]  # type: ignore[arg-type]
+        else:
+            items = list(prompt)  # type: ignore[arg-type]
+        out: list[tuple[str | None, list[int]]] = []
+        for item in items:
+            if isinstance(item, str):
+                out.append((item, self.tokenizer.encode(item)))
+            else:
+                self.check_token_ids(item, "prompt")
+                out.append((None, list(item)))
+        return out
+
+    async def create(self, request: CompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
+        arrival = time.time()
+        model = self.check_model(request.model)
+        if request.suffix is not None:
+            raise OpenAIError("suffix is not supported", 400, "suffix")
+        prompts = self.prompts_of(request)
+        params_list = []
+        for _, ids in prompts:
+            max_tokens = self.max_tokens_for(len(ids), request.max_tokens, "max_tokens", "prompt")
+            params_list.append(self.sampling_params(request, max_tokens, request.logprobs))
+        base_id = random_id("cmpl", request.request_id)
+        streams = [self.generate(base_id if len(prompts) == 1 else f"{base_id}-{p}", ids, params, arrival)
+                   for p, ((_, ids), params) in enumerate(zip(prompts, params_list))]
+        firsts = []
+        try:
+            for s in streams:  # refusals become a 400 before anything is sent
+                firsts.append(await self.first_output(s))
+        except BaseException:
+            for s in streams:
+                await s.aclose()  # type: ignore[attr-defined]
+            raise
+        n = params_list[0].n
+        if request.stream:
+            return self._stream(request, base_id, model, params_list[0], prompts, firsts, streams)
+        finals = list(firsts)
+        async for p, out in merge_streams(streams):
+            finals[p] = out
+        choices = []
+        for p, final in enumerate(finals):
+            for c in final.outputs:
+                choices.append(self._choice(request, params_list[p], prompts[p], final, c, p * n + c.index))
+        n_prompt = sum(len(f.prompt_token_ids) for f in finals)
+        n_out = sum(len(c.token_ids) for f in finals for c in f.outputs)
+        return {"id": base_id, "object": "text_completion", "created": int(time.time()), "model": model,
+                "choices": choices,
+                "usage": usage(n_prompt, n_out, sum(f.num_cached_tokens for f in finals))}
+
+    def _choice(self, request: CompletionRequest, params: SamplingParams, prompt: tuple[str | None, list[int]],
+                final: RequestOutput, c: CompletionOutput, index: int) -> dict[str, Any]:
+        text, token_ids, logprobs = c.text, c.token_ids, c.logprobs
+        prompt_text = prompt[0] if prompt[0] is not None else self.tokenizer.decode(prompt[1])
+        lp = None
+        if params.logprobs is not None and logprobs is not None:
+            if request.echo and final.prompt_logprobs is not None:
+                lp = self.completion_logprobs(prompt[1] + token_ids,
+                                              [*final.prompt_logprobs, *logprobs], params.logprobs)
+            else:
+                lp = self.completion_logprobs(token_ids, [*logprobs], params.logprobs,
+                                              len(prompt_text) if request.echo else 0)
+        choice: dict[str, Any] = {"index": index, "text": prompt_text + text if request.echo else text,
+                                  "logprobs": lp, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+        if request.return_token_ids:
+            choice["prompt_token_ids"] = final.prompt_token_ids
+            choice["completion_token_ids"] = token_ids
+        if params.prompt_logprobs is not None and final.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = self.prompt_logprobs(final.prompt_token_ids, final.prompt_logprobs)
+        return choice
+
+    async def _stream(self, request: CompletionRequest, request_id: str, model: str, params: SamplingParams,
+                      prompts: list[tuple[str | None, list[int]]], firsts: list[RequestOutput],
+                      streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[str]:
+        created = int(time.time())
+        n = params.n
+        per_chunk = request.max_streaming_response_tokens or 1
+        n_prompt = sum(len(ids) for _, ids in prompts)
+        generated: dict[int, int] = {}
+        cached = [f.num_cached_tokens for f in firsts]
+        buffers: dict[int, list[Any]] = {}  # choice index -> [text, ids, logprobs] not sent yet
+        done: set[int] = set()
+        offsets: dict[int, int] = {}  # choice index -> characters sent (its first chunk has gone out)
+
+        def chunk(choice: dict[str, Any]) -> str:
+            body = {"id": request_id, "object": "text_completion", "created": created, "model": model,
+                    "choices": [choice]}
+            if request.continuous_usage:
+                body["usage"] = usage(n_prompt, sum(generated.values()), sum(cached))
+            return sse(body)
+
+        async def outputs() -> AsyncIterator[tuple[int, RequestOutput]]:
+            for p, first in enumerate(firsts):
+                yield p, first
+            async for item in merge_streams(streams):
+                yield item
+
+        try:
+            async for p, out in outputs():
+                cached[p] = max(cached[p], out.num_cached_tokens)
+                for c in out.outputs:
+                    index = p * n + c.index
+                    if index in done:
+                        continue
+                    generated[index] = len(c.token_ids)
+                    buf = buffers.setdefault(index, ["", [], []])
+                    buf[0] += c.delta_text
+                    buf[1].extend(c.delta_token_ids)
+                    buf[2].extend(c.delta_logprobs or [])
+                    if len(buf[1]) < per_chunk and not c.finished:
+                        continue
+                    text, ids, lps = buffers.pop(index)
+                    choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+                    offset = offsets.get(index, 0)
+                    if index not in offsets:  # this choice's first chunk
+                        if request.echo:
+                            prompt_text = prompts[p][0]
+                            if prompt_text is None:
+                                prompt_text = self.tokenizer.decode(prompts[p][1])
+                            choice["text"] = prompt_text + text
+                            offset = len(prompt_text)
+                        if request.return_token_ids:
+                            choice["prompt_token_ids"] = out.prompt_token_ids
+                    if params.logprobs is not None and lps:
+                        choice["logprobs"] = self.completion_logprobs(ids, lps, params.logprobs, offset)
+                    offsets[index] = offset + len(text)
+                    if request.return_token_ids:
+                        choice["completion_token_ids"] = ids
+                    if c.finished:
+                        done.add(index)
+                        choice["finish_reason"] = c.finish_reason
+                        choice["stop_reason"] = c.stop_reason
+                    if text or ids or c.finished:
+                        yield chunk(choice)
+            if request.include_usage:
+                yield sse({"id": request_id, "object": "text_completion", "created": created, "model": model,
+                           "choices": [], "usage": usage(n_prompt, sum(generated.values()), sum(cached))})
+        except OpenAIError as exc:
+            yield sse(error_body(exc.message, exc.status, exc.param))
+        except Exception as exc:
+            logger.exception("%s failed while streaming", request_id)
+            yield sse(error_body(f"{type(exc).__name__}: {exc}", 503 if "Engine" in type(exc).__name__ else 500))
+        finally:
+            for s in streams:
+                await s.aclose()  # type: ignore[attr-defined]
+        yield sse("[DONE]")

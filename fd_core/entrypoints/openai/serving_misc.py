@@ -1,0 +1,83 @@
+"""``/v1/models``, ``/tokenize``, ``/detokenize``, ``/health``, ``/version`` (vLLM's shapes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+import fd_core
+from fd_core.engine.client import EngineDeadError
+from fd_core.entrypoints.openai.errors import OpenAIError, error_response
+from fd_core.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
+from fd_core.entrypoints.openai.serving_chat import render_chat
+
+__all__ = ["misc_router"]
+
+
+def _state(request: Request) -> Any:
+    return request.app.state.fd
+
+
+def misc_router() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health(request: Request) -> Response:
+        try:
+            await _state(request).client.check_health()
+        except EngineDeadError as exc:
+            return error_response(f"The engine is not serving: {exc}", 503)
+        return Response(status_code=200)
+
+    @router.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": fd_core.__version__}
+
+    @router.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        st = _state(request)
+        created = int(st.started)
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "fd-core",
+                 "root": st.client.info.model_dir, "parent": None, "max_model_len": st.max_model_len}
+                for name in st.served_model_names]
+        return {"object": "list", "data": data}
+
+    @router.get("/v1/models/{model:path}")
+    async def model(model: str, request: Request) -> dict[str, Any]:
+        st = _state(request)
+        if model not in st.served_model_names:
+            raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
+        return {"id": model, "object": "model", "created": int(st.started), "owned_by": "fd-core",
+                "root": st.client.info.model_dir, "parent": None, "max_model_len": st.max_model_len}
+
+    async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+        st = _state(request)
+        st.chat.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise OpenAIError("give exactly one of prompt or messages", 400, "prompt")
+        if body.messages is not None:
+            tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+            text = render_chat(st.tokenizer, [m.model_dump(exclude_none=True) for m in body.messages],
+                               body.add_generation_prompt, tools, body.chat_template_kwargs, st.chat.chat_template)
+        else:
+            text = body.prompt or ""
+        tokens = st.tokenizer.encode(text)
+        out: dict[str, Any] = {"count": len(tokens), "max_model_len": st.max_model_len, "tokens": tokens}
+        if body.return_token_strs:
+            out["token_strs"] = [st.chat.token_text(t) for t in tokens]
+        return out
+
+    async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+        st = _state(request)
+        st.chat.check_model(body.model)
+        st.chat.check_token_ids(body.tokens, "tokens")
+        return {"prompt": st.tokenizer.decode(body.tokens)}
+
+    for path in ("/tokenize", "/v1/tokenize"):
+        router.add_api_route(path, tokenize, methods=["POST"])
+    for path in ("/detokenize", "/v1/detokenize"):
+        router.add_api_route(path, detokenize, methods=["POST"])
+    return router
+

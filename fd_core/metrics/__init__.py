@@ -1,0 +1,12 @@
+"""Prometheus metrics of the serving layer, named as FastDeploy names them.
+
+Owns the ``Metrics`` class: its own ``CollectorRegistry`` (never the global
+one, so several apps can live in one process), engine gauges refreshed from
+``EngineStats`` at scrape time, and per-request histograms/counters recorded
+when a request ends. May import only prometheus_client and fd_core.engine's
+plain-data modules (client stats, outputs): no paddle, no numpy.
+"""
+
+from fd_core.metrics.prometheus import METRIC_PREFIX, Metrics
+
+__all__ = ["METRIC_PREFIX", "Metrics"]

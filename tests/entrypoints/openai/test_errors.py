@@ -1,0 +1,162 @@
+"""Bad requests get OpenAI-style 4xx errors naming the problem; the server keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from fd_core.entrypoints.openai.api_server import ServerArgs, build_app
+from tests.entrypoints.openai.conftest import MAX_MODEL_LEN, MODEL
+from tests.entrypoints.openai.helpers import GREEDY, assert_error
+from tests.entrypoints.openai.streaming_transport import StreamingASGITransport
+
+pytestmark = pytest.mark.anyio
+
+USER = [{"role": "user", "content": "hi"}]
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+# (path, body, status, words the message must contain, param)
+BAD_REQUESTS = [
+    (CHAT, {"messages": USER, "n": "two"}, 400, ["n"], "n"),
+    (CHAT, {"messages": USER, "temperature": "hot"}, 400, ["temperature"], "temperature"),
+    (CHAT, {"messages": "hello"}, 400, ["messages"], "messages"),
+    (CHAT, {"messages": []}, 400, ["messages"], "messages"),
+    (CHAT, {}, 400, ["messages", "Field required"], "messages"),
+    (CHAT, {"messages": [{"content": "no role"}]}, 400, ["messages[0].role"], "messages[0].role"),
+    (CHAT, {"messages": USER, "stream": {"a": 1}}, 400, ["stream"], "stream"),
+    (CHAT, {"messages": USER, "model": "gpt-4"}, 404, ["The model `gpt-4` does not exist."], "model"),
+    (CHAT, {"messages": USER, "max_tokens": 10_000}, 400,
+     [f"maximum context length is {MAX_MODEL_LEN} tokens", "10000 in the completion"], "max_tokens"),
+    (CHAT, {"messages": USER, "max_completion_tokens": 0}, 400, ["max_completion_tokens", "at least 1"],
+     "max_completion_tokens"),
+    (CHAT, {"messages": [{"role": "user", "content": "fox " * 400}]}, 400,
+     [f"maximum context length is {MAX_MODEL_LEN} tokens", "input tokens"], "messages"),
+    (CHAT, {"messages": USER, "temperature": -1}, 400, ["temperature must be"], "temperature"),
+    (CHAT, {"messages": USER, "top_p": 0}, 400, ["top_p must be in (0, 1]"], "top_p"),
+    (CHAT, {"messages": USER, "top_k": -5}, 400, ["top_k"], "top_k"),
+    (CHAT, {"messages": USER, "n": 0}, 400, ["n must be"], "n"),
+    (CHAT, {"messages": USER, "n": 10**9}, 400, ["n must be at most 128"], "n"),
+    (CHAT, {"messages": USER, "stop_token_ids": [10**9]}, 400, ["outside the vocabulary"], "stop_token_ids"),
+    (CHAT, {"messages": USER, "logit_bias": {"999999999": 1}}, 400, ["outside the vocabulary"], "logit_bias"),
+    (COMPLETIONS, {"prompt": "hi", "bad_words_token_ids": [[10**9]]}, 400, ["outside the vocabulary"],
+     "bad_words_token_ids"),
+    (CHAT, {"messages": USER, "presence_penalty": 3}, 400, ["presence_penalty"], "presence_penalty"),
+    (CHAT, {"messages": USER, "repetition_penalty": 0}, 400, ["repetition_penalty"], "repetition_penalty"),
+    (CHAT, {"messages": USER, "min_tokens": 9, "max_tokens": 3}, 400, ["min_tokens"], "min_tokens"),
+    (CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 50}, 400, ["logprobs"], "logprobs"),
+    (CHAT, {"messages": USER, "top_logprobs": 2}, 400, ["top_logprobs needs logprobs"], "top_logprobs"),
+    (CHAT, {"messages": USER, "logit_bias": {"5": 500}}, 400, ["logit_bias"], "logit_bias"),
+    (CHAT, {"messages": USER, "stop_token_ids": [-1]}, 400, ["stop_token_ids"], "stop_token_ids"),
+    (CHAT, {"messages": USER, "stop": [""]}, 400, ["stop"], "stop"),
+    (CHAT, {"messages": USER, "max_streaming_response_tokens": 0}, 400, ["max_streaming_response_tokens"],
+     "max_streaming_response_tokens"),
+    (CHAT, {"messages": USER, "tool_choice": "required", "tools": [
+        {"type": "function", "function": {"name": "f"}}]}, 400, ["tool_choice"], "tool_choice"),
+    (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400, ["response_format"],
+     "response_format"),
+    (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, ["chat template", "wizard"], "messages"),
+    (COMPLETIONS, {"prompt": "hi", "suffix": "end"}, 400, ["suffix is not supported"], "suffix"),
+    (COMPLETIONS, {"prompt": []}, 400, ["prompt must not be empty"], "prompt"),
+    (COMPLETIONS, {"prompt": ""}, 400, ["prompt is empty"], "prompt"),
+    (COMPLETIONS, {"prompt": [1, 2, 10**9]}, 400, ["outside the vocabulary"], "prompt"),
+    (COMPLETIONS, {"prompt": [1.5, 2]}, 400, ["prompt"], "prompt"),
+    (COMPLETIONS, {"prompt": "x " * 300}, 400, [f"maximum context length is {MAX_MODEL_LEN} tokens"], "prompt"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": MAX_MODEL_LEN}, 400,
+     [f"maximum context length is {MAX_MODEL_LEN} tokens", f"{MAX_MODEL_LEN} in the completion"], "max_tokens"),
+    (COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400, ["logprobs"], "logprobs"),
+    (COMPLETIONS, {"prompt": "hi", "model": "nope"}, 404, ["The model `nope` does not exist."], "model"),
+    ("/detokenize", {"tokens": [10**9]}, 400, ["outside the vocabulary"], "tokens"),
+    ("/tokenize", {}, 400, ["exactly one of prompt or messages"], "prompt"),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_bad_requests_get_a_4xx_naming_the_problem(http, stream):
+    for path, body, status, words, param in BAD_REQUESTS:
+        if stream and path not in (CHAT, COMPLETIONS):
+            continue
+        r = await http.post(path, json={**body, "stream": stream} if "stream" not in body else body)
+        error = assert_error(r, status, *words)
+        assert error["param"] == param, (body, error)
+    # and the engine still serves
+    ok = await http.post(CHAT, json={"messages": USER, "max_tokens": 2, **GREEDY})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+async def test_malformed_json_and_wrong_content(http):
+    r = await http.post(CHAT, content=b'{"messages": [', headers={"content-type": "application/json"})
+    assert_error(r, 400, "not valid JSON")
+    r = await http.post(CHAT, content=b"[1, 2]", headers={"content-type": "application/json"})
+    assert_error(r, 400)
+    r = await http.get(CHAT)
+    assert_error(r, 405)
+    r = await http.get("/v1/nothing-here")
+    assert_error(r, 404)
+
+
+async def test_unknown_fields_are_ignored(http):
+    r = await http.post(CHAT, json={"messages": USER, "max_tokens": 2, "frobnicate": {"x": 1},
+                                    "messages_extra": 3, **GREEDY})
+    assert r.status_code == 200, r.text
+
+
+async def test_openai_client_sees_typed_errors(openai_client):
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as info:
+        await openai_client.chat.completions.create(model="gpt-4", messages=USER)
+    assert "does not exist" in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:
+        await openai_client.completions.create(model=MODEL, prompt="hi", max_tokens=10**5)
+    assert "maximum context length" in info.value.message
+
+
+async def test_api_key(engine_client):
+    app = build_app(engine_client, ServerArgs(served_model_names=(MODEL,), api_key="sekret"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://fd") as http:
+        body = {"messages": USER, "max_tokens": 1}
+        assert_error(await http.post(CHAT, json=body), 401, "API key")
+        assert_error(await http.post(CHAT, json=body, headers={"Authorization": "Bearer wrong"}), 401)
+        assert_error(await http.get("/v1/models"), 401)
+        assert_error(await http.post("/tokenize", json={"prompt": "x"}), 401)
+        assert (await http.post(CHAT, json=body, headers={"Authorization": "Bearer sekret"})).status_code == 200
+        assert (await http.get("/health")).status_code == 200
+        assert (await http.get("/metrics")).status_code == 200
+        assert (await http.get("/version")).status_code == 200
+
+
+async def test_over_max_concurrency_is_429(engine_client):
+    app = build_app(engine_client, ServerArgs(served_model_names=(MODEL,), max_concurrency=1))
+    async with httpx.AsyncClient(transport=StreamingASGITransport(app), base_url="http://fd", timeout=60) as http:
+        long = {"messages": USER, "max_tokens": 200, "stream": True, **GREEDY}
+        async with http.stream("POST", CHAT, json=long) as first:
+            assert first.status_code == 200
+            second = await http.post(CHAT, json={"messages": USER, "max_tokens": 2})
+            error = assert_error(second, 429, "max-concurrency")
+            assert error["type"] == "RateLimitError"
+            assert (await http.post(COMPLETIONS, json={"prompt": "x"})).status_code == 429
+            assert (await http.get("/v1/models")).status_code == 200  # only generation is limited
+        for _ in range(100):  # the slot frees once the first stream is closed
+            r = await http.post(CHAT, json={"messages": USER, "max_tokens": 2})
+            if r.status_code == 200:
+                break
+            await asyncio.sleep(0.02)
+        assert r.status_code == 200, r.text
+
+
+async def test_engine_refusal_is_a_400(http, monkeypatch, engine_client):
+    from fd_core.engine.client import RequestError
+
+    async def refuse(*args, **kwargs):
+        raise RequestError("prompt refused by the engine: no room")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(engine_client, "generate", refuse)
+    for stream in (False, True):
+        r = await http.post(CHAT, json={"messages": USER, "max_tokens": 2, "stream": stream})
+        assert_error(r, 400, "refused by the engine")
+        r = await http.post(COMPLETIONS, json={"prompt": ["a", "b"], "max_tokens": 2, "stream": stream})
+        assert_error(r, 400, "refused by the engine")
