@@ -196,7 +196,9 @@ class Sampler:
             if greedy[i]:
                 continue  # temperature 0: the op takes the argmax
             p = state.params
-            temperature[i], top_k[i], top_p[i], min_p[i] = p.temperature, p.top_k, p.top_p, p.min_p
+            # a top_k at or past the vocabulary keeps everything (and must not overflow int64)
+            k = p.top_k if p.top_k < self.vocab_size else 0
+            temperature[i], top_k[i], top_p[i], min_p[i] = p.temperature, k, p.top_p, p.min_p
             uniforms[i] = state.draw_uniforms()
         return self.ops.sample(
             logits, paddle.to_tensor(temperature), paddle.to_tensor(top_k),

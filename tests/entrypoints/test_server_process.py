@@ -1,0 +1,180 @@
+"""The real server: fd-serve in a subprocess, driven over HTTP and with the
+official openai client. Engine process, lifecycle and exit codes included."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.port = _free_port()
+        self.log_path = log
+        self.log = open(log, "w")
+        cmd = [sys.executable, "-m", "fd_core.entrypoints.openai.api_server", "--host", "127.0.0.1",
+               "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"server not ready in {timeout} s:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text()
+
+    def engine_pid(self) -> int:
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        for pid in children:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+                return int(pid)
+        raise AssertionError(f"no engine process among {children}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint_factory, tmp_path_factory):
+    model = checkpoint_factory("tiny-dense", "pytorch")
+    srv = Server(["--model", str(model), "--backend", "cpu", "--max-model-len", "512",
+                  "--max-num-seqs", "64", "--num-gpu-blocks-override", "512", "--block-size", "16",
+                  "--served-model-name", "tiny"],
+                 tmp_path_factory.mktemp("server") / "server.log")
+    srv.wait_ready()
+    yield srv
+    assert srv.stop() == 0, srv.output()
+
+
+def test_openai_client_chat_and_completions(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=8, temperature=0)
+    assert chat.choices[0].finish_reason in ("length", "stop")
+    assert 0 < chat.usage.completion_tokens <= 8
+    stream = client.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=0, stream=True)
+    text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+    full = client.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=0)
+    assert text == full.choices[0].text
+
+
+def test_200_concurrent_streams_complete_and_free_every_block(server):
+    async def one(client: httpx.AsyncClient, i: int) -> tuple[str, str | None, int]:
+        body = {"model": "tiny", "prompt": f"request {i} " * (1 + i % 7), "max_tokens": 6 + i % 5,
+                "temperature": 0, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+        text, finish, usage = "", None, 0
+        async with client.stream("POST", server.url + "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices", []):
+                    text += choice.get("text") or ""
+                    finish = choice.get("finish_reason") or finish
+                if chunk.get("usage"):
+                    usage = chunk["usage"]["completion_tokens"]
+        return text, finish, usage
+
+    async def run() -> list:
+        limits = httpx.Limits(max_connections=250)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+            return await asyncio.gather(*[one(client, i) for i in range(200)])
+
+    before = _successes(server)
+    results = asyncio.run(run())
+    for i, (_, finish, usage) in enumerate(results):
+        assert finish == "length", i
+        assert usage == 6 + i % 5, i
+    metrics = httpx.get(server.url + "/metrics").text
+    assert _successes(server) - before == 200
+    assert _gauge(metrics, "fastdeploy:num_requests_running") == 0
+    assert _gauge(metrics, "fastdeploy:gpu_cache_usage_perc") == 0
+    # greedy: under load each output equals the same request served alone
+    for i in range(0, 200, 23):
+        alone = httpx.post(server.url + "/v1/completions", timeout=60, json={
+            "model": "tiny", "prompt": f"request {i} " * (1 + i % 7), "max_tokens": 6 + i % 5,
+            "temperature": 0, "ignore_eos": True}).json()
+        assert alone["choices"][0]["text"] == results[i][0], i
+
+
+def _gauge(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def _successes(server) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("fastdeploy:request_success_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_unsupported_flag_fails_at_startup(tmp_path, checkpoint_factory):
+    model = checkpoint_factory("tiny-dense", "pytorch")
+    srv = Server(["--model", str(model), "--quantization", "wint4"], tmp_path / "log")
+    assert srv.proc.wait(timeout=60) == 2
+    assert "--quantization wint4" in srv.output() and "not implemented" in srv.output()
+    srv.stop()
+
+
+def test_bad_model_fails_at_startup(tmp_path):
+    srv = Server(["--model", str(tmp_path / "nowhere")], tmp_path / "log")
+    assert srv.proc.wait(timeout=60) == 2
+    assert "nowhere" in srv.output()
+    srv.stop()
+
+
+def test_engine_death_fails_health_and_exits_nonzero(tmp_path, checkpoint_factory):
+    model = checkpoint_factory("tiny-dense", "pytorch")
+    srv = Server(["--model", str(model), "--backend", "cpu", "--max-model-len", "256",
+                  "--num-gpu-blocks-override", "64"], tmp_path / "log")
+    srv.wait_ready()
+    os.kill(srv.engine_pid(), signal.SIGKILL)
+    assert srv.proc.wait(timeout=30) == 1
+    assert "engine process died" in srv.output()
+    srv.stop()
