@@ -26,7 +26,13 @@ import zmq
 import zmq.asyncio
 
 from fd_core.config import EngineArgs
-from fd_core.engine.client import EngineClient, EngineDeadError, EngineInfo, EngineStats, RequestError
+from fd_core.engine.client import (
+    EngineClient,
+    EngineDeadError,
+    EngineInfo,
+    EngineStats,
+    RequestError,
+)
 from fd_core.engine.frontend import Frontend, eos_token_ids_of
 from fd_core.engine.outputs import RequestOutput
 from fd_core.sampling.params import SamplingParams

@@ -168,6 +168,9 @@ def pytorch_to_paddle_names(specs: Sequence[TensorSpec]) -> list[TensorSpec]:
     return out
 
 
+_REAL_TOKEN_FLAG = 5.0  # see _source_tensor: keeps padding rows out of the outputs
+
+
 def _source_tensor(name: str, shape: tuple[int, ...], cfg: dict[str, Any], seed: int) -> np.ndarray:
     """A PyTorch-naming tensor's fp32 values, from a generator seeded by (seed, name).
 
@@ -186,9 +189,14 @@ def _source_tensor(name: str, shape: tuple[int, ...], cfg: dict[str, Any], seed:
     if name.endswith(("embed_tokens.weight", "lm_head.weight")):
         std = 2.5 / math.sqrt(cfg["hidden_size"])
         values = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
-        # rows past the trained pieces are the tokenizer's <unused_N> padding: keep
-        # their logits low, as in a trained model, so outputs are mostly real text
-        values[_TOKENIZER_PIECES:] *= np.float32(0.02)
+        if shape[0] > _TOKENIZER_PIECES:
+            # rows past the trained pieces are the tokenizer's <unused_N> padding.
+            # A trained model never emits them; here one hidden dimension flags
+            # "real token": +c for real rows, -c for padding rows, so the (tied)
+            # logits of padding rows sit far below those of real ones.
+            values[_TOKENIZER_PIECES:] *= np.float32(0.02)
+            values[:_TOKENIZER_PIECES, 0] = np.float32(_REAL_TOKEN_FLAG)
+            values[_TOKENIZER_PIECES:, 0] = -np.float32(_REAL_TOKEN_FLAG)
         return values
     else:
         std = 1.0 / math.sqrt(shape[1])
