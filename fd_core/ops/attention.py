@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fd_core._paddle import import_paddle
+from fd_core.ops._host import as_array, as_tensor, on_host
 
 __all__ = [
     "AttentionMetadata",
@@ -30,6 +31,7 @@ __all__ = [
 paddle = import_paddle()
 
 _NEG = -1e30  # additive mask; every query row keeps at least one key
+_MAX_EXPANDED_BIAS = 1 << 22  # elements (16 MB fp32)
 
 
 @dataclass
@@ -137,66 +139,107 @@ def reference_write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_ma
 
 @dataclass
 class _Gather:
-    """Host-built indices for one group of requests (decodes or prefills)."""
+    """Host-built indices for one group of requests (decodes or prefills).
 
-    key_slots: Any  # [B * Lmax] cache rows, 0 where padded
-    query_index: Any  # [B * Qmax] row of q (or the appended zero row) per padded query
-    token_index: Any  # [Tq] padded row of each real query token
-    bias: Any  # [B, 1, 1, Qmax, Lmax] additive causal/length mask
+    Keys are read a whole block at a time: request ``i`` sees the
+    ``num_blocks * block_size`` slots of its first ``num_blocks`` table
+    entries, and the bias masks the ones past its length (and the causal
+    future), so the math is attention over exactly its cached tokens."""
+
+    blocks: np.ndarray  # [B * num_blocks] block ids, row-major by request (0 where padded)
+    blocks_tensor: Any  # the same, as a paddle tensor (for non-CPU caches)
+    query_index: Any  # [B * Qmax] row of q (or the appended zero row) per padded query; None: identity
+    token_index: Any  # [Tq] padded row of each real query token; None: identity
+    bias: Any  # [1, B, 1, Qmax, num_blocks * block_size] additive causal/length mask
     num_reqs: int
     max_q: int
-    max_len: int
+    num_blocks: int
+    expanded_bias: dict[tuple[int, int], Any] = field(default_factory=dict)  # (Hkv, G) -> bias
+
+    def full_bias(self, num_kv: int, group: int, length: int) -> Any:
+        """The bias broadcast to the scores' shape ``[Hkv, B, G, Qmax, L]``,
+        built once per step when small: paddle's CPU broadcasting add is slow."""
+        if num_kv * self.num_reqs * group * self.max_q * length > _MAX_EXPANDED_BIAS:
+            return self.bias
+        key = (num_kv, group)
+        if key not in self.expanded_bias:
+            shape = [num_kv, self.num_reqs, group, self.max_q, length]
+            self.expanded_bias[key] = self.bias.expand(shape).contiguous()
+        return self.expanded_bias[key]
 
 
 def _gather_plan(meta: AttentionMetadata, first: int, last: int) -> _Gather:
     qlens = meta.query_lens[first:last]
     slens = meta.seq_lens[first:last]
-    tables = meta.block_tables[first:last]
-    n, max_q, max_len = len(qlens), int(qlens.max()), int(slens.max())
     bs = meta.block_size
-    j = np.arange(max_len)
-    key_slots = tables[:, j // bs] * bs + j % bs  # [B, Lmax]
-    key_slots = np.where(j[None, :] < slens[:, None], key_slots, 0)
+    n, max_q = len(qlens), int(qlens.max())
+    num_blocks = int(-(-int(slens.max()) // bs))
+    blocks = np.ascontiguousarray(meta.block_tables[first:last, :num_blocks]).reshape(-1)
+    j = np.arange(num_blocks * bs)
     starts = np.concatenate([[0], np.cumsum(qlens)[:-1]])
     i = np.arange(max_q)
     real = i[None, :] < qlens[:, None]  # [B, Qmax]
     num_q = int(qlens.sum())
+    padded = num_q != n * max_q
     query_index = np.where(real, starts[:, None] + i[None, :], num_q)  # num_q -> zero row
     token_index = (np.arange(n)[:, None] * max_q + i[None, :])[real]
     qpos = (slens - qlens)[:, None] + i[None, :]  # [B, Qmax]
     allowed = j[None, None, :] <= qpos[:, :, None]
     allowed &= j[None, None, :] < slens[:, None, None]
     allowed |= ~real[:, :, None] & (j[None, None, :] == 0)  # padded rows: any finite row
-    bias = np.where(allowed, 0.0, _NEG).astype(np.float32)[:, None, None, :, :]
+    bias = np.where(allowed, 0.0, _NEG).astype(np.float32)[None, :, None, :, :]
     return _Gather(
-        key_slots=paddle.to_tensor(key_slots.reshape(-1)),
-        query_index=paddle.to_tensor(query_index.reshape(-1)),
-        token_index=paddle.to_tensor(token_index.astype(np.int64)),
+        blocks=blocks,
+        blocks_tensor=paddle.to_tensor(blocks),
+        query_index=paddle.to_tensor(query_index.reshape(-1)) if padded else None,
+        token_index=paddle.to_tensor(token_index.astype(np.int64)) if padded else None,
         bias=paddle.to_tensor(bias),
         num_reqs=n,
         max_q=max_q,
-        max_len=max_len,
+        num_blocks=num_blocks,
     )
 
 
-def _paged_attention(q: Any, k_cache: Any, v_cache: Any, plan: _Gather, scale: float) -> Any:
+def _take_blocks(cache: Any, plan: _Gather, block_size: int) -> Any:
+    """Blocks ``plan.blocks`` of ``cache [S, Hkv, Dh]`` as ``[Hkv, n, block_size, Dh]``.
+
+    A plain copy; on CPU it goes through numpy (zero-copy via DLPack), whose
+    strided copy is several times faster than paddle's CPU gather."""
+    rows, num_kv, head_dim = cache.shape
+    if on_host(cache):
+        table = as_array(cache).reshape(rows // block_size, block_size, num_kv, head_dim)
+        return as_tensor(table.transpose(2, 0, 1, 3)[:, plan.blocks])
+    table = cache.reshape([rows // block_size, block_size, num_kv, head_dim])
+    return paddle.index_select(table, plan.blocks_tensor, axis=0).transpose([2, 0, 1, 3])
+
+
+def _permute(x: Any, perm: list[int]) -> Any:
+    """``x.transpose(perm)``, contiguous (through numpy on CPU: faster)."""
+    if on_host(x):
+        return as_tensor(as_array(x).transpose(perm))
+    return x.transpose(perm)
+
+
+def _paged_attention(q: Any, k_cache: Any, v_cache: Any, plan: _Gather, scale: float,
+                     block_size: int) -> Any:
     # q: [Tq, H, Dh]; cache: [S, Hkv, Dh]
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv = k_cache.shape[1]
     group = num_heads // num_kv
-    b, qmax, lmax = plan.num_reqs, plan.max_q, plan.max_len
-    q_ext = paddle.concat([q, paddle.zeros([1, num_heads, head_dim], dtype=q.dtype)])
-    qp = paddle.gather(q_ext, plan.query_index).reshape([b, qmax, num_kv, group, head_dim])
-    qp = qp.transpose([0, 2, 3, 1, 4])  # [B, Hkv, G, Qmax, Dh]
-    keys = paddle.gather(k_cache, plan.key_slots).reshape([b, lmax, num_kv, head_dim])
-    values = paddle.gather(v_cache, plan.key_slots).reshape([b, lmax, num_kv, head_dim])
-    keys = keys.transpose([0, 2, 3, 1]).unsqueeze(2)  # [B, Hkv, 1, Dh, Lmax]
-    values = values.transpose([0, 2, 1, 3]).unsqueeze(2)  # [B, Hkv, 1, Lmax, Dh]
-    scores = paddle.matmul(qp, keys) * scale + plan.bias  # [B, Hkv, G, Qmax, Lmax]
-    probs = paddle.nn.functional.softmax(scores, axis=-1)
-    out = paddle.matmul(probs, values)  # [B, Hkv, G, Qmax, Dh]
-    out = out.transpose([0, 3, 1, 2, 4]).reshape([b * qmax, num_heads, head_dim])
-    return paddle.gather(out, plan.token_index)
+    b, qmax, length = plan.num_reqs, plan.max_q, plan.num_blocks * block_size
+    if plan.query_index is not None:
+        q = paddle.concat([q, paddle.zeros([1, num_heads, head_dim], dtype=q.dtype)])
+        q = paddle.gather(q, plan.query_index)
+    qp = _permute(q.reshape([b, qmax, num_kv, group, head_dim]), [2, 0, 3, 1, 4])
+    qp = qp.reshape([num_kv, b, group * qmax, head_dim])  # [Hkv, B, G*Qmax, Dh]
+    keys = _take_blocks(k_cache, plan, block_size).reshape([num_kv, b, length, head_dim])
+    values = _take_blocks(v_cache, plan, block_size).reshape([num_kv, b, length, head_dim])
+    scores = paddle.matmul(qp, keys, transpose_y=True) * scale  # [Hkv, B, G*Qmax, L]
+    scores = scores.reshape([num_kv, b, group, qmax, length]) + plan.full_bias(num_kv, group, length)
+    probs = paddle.nn.functional.softmax(scores, axis=-1).reshape([num_kv, b, group * qmax, length])
+    out = paddle.matmul(probs, values).reshape([num_kv, b, group, qmax, head_dim])
+    out = _permute(out, [1, 3, 0, 2, 4]).reshape([b * qmax, num_heads, head_dim])
+    return out if plan.token_index is None else paddle.gather(out, plan.token_index)
 
 
 def _plan(meta: AttentionMetadata, key: str, first: int, last: int) -> _Gather:
@@ -211,7 +254,7 @@ def reference_prefill_attention(
 ) -> Any:
     """Causal attention of the prefill requests' new tokens over their cache."""
     plan = _plan(metadata, "reference.prefill", metadata.num_decodes, metadata.num_reqs)
-    return _paged_attention(q, k_cache, v_cache, plan, scale)
+    return _paged_attention(q, k_cache, v_cache, plan, scale, metadata.block_size)
 
 
 def reference_decode_attention(
@@ -219,4 +262,4 @@ def reference_decode_attention(
 ) -> Any:
     """One query per decode request over its first ``seq_len`` cached tokens."""
     plan = _plan(metadata, "reference.decode", 0, metadata.num_decodes)
-    return _paged_attention(q, k_cache, v_cache, plan, scale)
+    return _paged_attention(q, k_cache, v_cache, plan, scale, metadata.block_size)

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from fd_core._paddle import import_paddle
+from fd_core.ops._host import as_array, as_tensor, on_host
 
 __all__ = ["rope_cos_sin", "reference_rotary_embedding"]
 
@@ -36,11 +37,31 @@ def _rotate(x: Any, cos: Any, sin: Any, interleaved: bool) -> Any:
     return paddle.concat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
+def _rotate_host(x: Any, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> Any:
+    # _rotate on numpy views: the same products and sums, without paddle's slow CPU broadcasts
+    xa = as_array(x)
+    out = np.empty(xa.shape, dtype=np.float32)
+    if interleaved:
+        x1, x2 = xa[..., 0::2], xa[..., 1::2]
+        lo, hi = out[..., 0::2], out[..., 1::2]
+    else:
+        half = xa.shape[-1] // 2
+        x1, x2 = xa[..., :half], xa[..., half:]
+        lo, hi = out[..., :half], out[..., half:]
+    np.subtract(x1 * cos, x2 * sin, out=lo)
+    np.add(x2 * cos, x1 * sin, out=hi)
+    return as_tensor(out)
+
+
 def reference_rotary_embedding(
     q: Any, k: Any, positions: Any, cos_sin: Any, interleaved: bool = True
 ) -> tuple[Any, Any]:
     """Rotate ``q [T, H, Dh]`` and ``k [T, Hkv, Dh]`` at ``positions [T]``."""
     half = cos_sin.shape[-1] // 2
+    if on_host(q, k, cos_sin):
+        table_np = np.take(as_array(cos_sin), as_array(positions), axis=0)  # [T, Dh]
+        cos_np, sin_np = table_np[:, None, :half], table_np[:, None, half:]
+        return _rotate_host(q, cos_np, sin_np, interleaved), _rotate_host(k, cos_np, sin_np, interleaved)
     table = paddle.gather(cos_sin, positions)  # [T, Dh]
     cos = table[:, :half].unsqueeze(1)
     sin = table[:, half:].unsqueeze(1)

@@ -30,9 +30,8 @@ def filtered_probs(probs: Any, top_k: Any, top_p: Any, min_p: Any) -> tuple[Any,
 
     Returns ``(kept [B, V] in sorted order, sorted token ids [B, V])``.
     """
-    sorted_probs, sorted_ids = paddle.sort(probs, axis=-1, descending=True), paddle.argsort(
-        probs, axis=-1, descending=True
-    )
+    sorted_ids = paddle.argsort(probs, axis=-1, descending=True)
+    sorted_probs = paddle.take_along_axis(probs, sorted_ids, axis=-1)  # one sort, not two
     vocab = probs.shape[-1]
     rank = paddle.arange(vocab, dtype="int64").unsqueeze(0)
     keep = sorted_probs >= (min_p * sorted_probs[:, :1].squeeze(-1)).unsqueeze(-1)
