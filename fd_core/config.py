@@ -9,7 +9,6 @@ never see the whole argument set.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,16 +81,9 @@ class EngineArgs:
                 f"--tensor-parallel-size {self.tensor_parallel_size}: tensor parallelism is not "
                 "implemented yet; use 1"
             )
-        if self.quantization not in (None, "", "none", "None"):
-            method = self.quantization
-            if isinstance(method, str) and method.startswith("{"):
-                method = json.loads(method).get("quantization", method)
-            elif isinstance(method, dict):
-                method = method.get("quantization", method)
-            raise UnsupportedFeatureError(
-                f"--quantization {method}: quantized inference is not implemented yet; "
-                "run without --quantization"
-            )
+        from fd_core.quantization.config import parse_quantization
+
+        parse_quantization(self.quantization)  # raises naming an unknown or unimplemented method
         if self.use_cudagraph:
             raise UnsupportedFeatureError("--use-cudagraph: graph capture is not implemented yet")
         if self.speculative_config:

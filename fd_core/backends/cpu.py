@@ -94,7 +94,8 @@ def fd_device_memory(device_id: int) -> MemoryInfo:
 
 @impl
 def fd_device_capabilities() -> Capabilities:
-    return Capabilities(kv_cache_dtypes=("float32",))
+    # The reference numerics of every built-in method (fd_core.quantization).
+    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8"), kv_cache_dtypes=("float32",))
 
 
 @impl

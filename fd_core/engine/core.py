@@ -20,6 +20,7 @@ from fd_core.engine.request import Request, RequestStatus
 from fd_core.engine.scheduler import Scheduler
 from fd_core.model_loader import resolve_model_path
 from fd_core.models.config import load_config
+from fd_core.quantization.config import check_backend_supports, parse_quantization
 from fd_core.sampling.logprobs import Logprobs, compute_prompt_logprobs
 from fd_core.sampling.params import SamplingParams
 from fd_core.sampling.sampler import Sampler, SamplingState
@@ -75,6 +76,10 @@ class EngineCore:
                 f"max_position_embeddings {model_config.max_position_embeddings}"
             )
         self.model_config = model_config
+        self.quantization = parse_quantization(args.quantization, model_config.architecture)
+        if self.quantization is not None:
+            check_backend_supports(self.backend.name, self.backend.capabilities().quantization_methods,
+                                   self.quantization, model_config.is_moe)
         per_block = ModelRunner.kv_bytes_per_block(model_config, args.block_size)
         self.backend.set_device(0)
         memory = self.backend.memory(0)
@@ -93,6 +98,7 @@ class EngineCore:
         self.runner = ModelRunner(
             self.model_dir, self.backend, num_blocks=num_blocks, block_size=args.block_size,
             max_model_len=args.max_model_len, num_host_blocks=num_host_blocks,
+            quantization=self.quantization,
         )
         self.sampler = Sampler(self.backend.ops, model_config.vocab_size)
         self._states: dict[str, SamplingState] = {}

@@ -59,7 +59,9 @@ class ModelRunner:
         max_model_len: int | None = None,
         device_id: int = 0,
         num_host_blocks: int = 0,
+        quantization: Any = None,
     ) -> None:
+        """``quantization``: a ``fd_core.quantization.QuantizationConfig`` or None."""
         self.backend = backend
         self.ops = backend.ops
         backend.set_device(device_id)
@@ -72,7 +74,9 @@ class ModelRunner:
             )
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.model = load_model(model_dir, self.ops, self.max_model_len, self.config)
+        self.model = load_model(model_dir, self.ops, self.max_model_len, self.config, quantization)
+        # bytes the loaded weights hold (quantized: codes + scales), for benchmarks and logs
+        self.weight_bytes: int = self.model.weight_bytes() if hasattr(self.model, "weight_bytes") else 0
         c = self.config
         self.kv_caches = [
             KVCache(*self.ops.allocate_kv_cache(num_blocks, block_size, c.num_kv_heads, c.head_dim, "float32"))

@@ -6,23 +6,38 @@ from typing import Any
 
 from fd_core.backends.base import Ops
 from fd_core.layers.param import Param
+from fd_core.ops.linear import QuantizedWeight
 
 __all__ = ["Linear", "RMSNorm"]
 
 
 class Linear:
-    """``y = x @ W``, ``W [in, out]`` (Paddle's layout); quantization methods
-    replace ``quant`` after loading and the kernel is chosen by the backend."""
+    """``y = x @ W``, ``W [in, out]`` (Paddle's layout). With quantization the
+    weight is held as a ``QuantizedWeight`` and the backend picks the kernel."""
 
     def __init__(self, ops: Ops, in_features: int, out_features: int) -> None:
         self.ops = ops
         self.in_features = in_features
         self.out_features = out_features
         self.weight = Param((in_features, out_features))
-        self.quant: Any = None
+
+    def use_quantization(self, method: str, group_size: int, name: str = "") -> None:
+        """Before loading: store the weight quantized with ``method`` as the
+        loader fills it (``fd_core.quantization.QuantizedParam``)."""
+        from fd_core.quantization.param import QuantizedParam
+
+        self.weight = QuantizedParam(self.weight.shape, method, group_size, name)
+
+    @property
+    def quant(self) -> QuantizedWeight | None:
+        data = self.weight.data
+        return data if isinstance(data, QuantizedWeight) else None
 
     def __call__(self, x: Any) -> Any:
-        return self.ops.linear(x, self.weight.data, None, self.quant)
+        quant = self.quant
+        if quant is not None:
+            return self.ops.linear(x, None, None, quant)
+        return self.ops.linear(x, self.weight.data, None, None)
 
 
 class RMSNorm:

@@ -7,6 +7,7 @@ from typing import Any
 from fd_core.backends.base import Ops
 from fd_core.layers.basic import Linear
 from fd_core.layers.param import Param
+from fd_core.ops.linear import QuantizedWeight
 
 __all__ = ["GatedMLP", "MoE"]
 
@@ -38,19 +39,34 @@ class MoE:
         self.correction_bias = Param((num_experts,)) if use_correction_bias else None
         self.up_gate_proj = Param((num_experts, hidden_size, 2 * intermediate_size))
         self.down_proj = Param((num_experts, intermediate_size, hidden_size))
-        self.expert_quant: Any = None
         self.shared_experts = (
             GatedMLP(ops, hidden_size, intermediate_size * num_shared_experts)
             if num_shared_experts else None
         )
 
+    def use_quantization(self, method: str, group_size: int, name: str = "") -> None:
+        """Before loading: store the routed experts quantized with ``method``,
+        each expert as soon as the loader completes it; the router gate stays fp32."""
+        from fd_core.quantization.param import QuantizedParam
+
+        self.up_gate_proj = QuantizedParam(self.up_gate_proj.shape, method, group_size, name + ".up_gate_proj")
+        self.down_proj = QuantizedParam(self.down_proj.shape, method, group_size, name + ".down_proj")
+
+    @property
+    def expert_quant(self) -> tuple[QuantizedWeight, QuantizedWeight] | None:
+        """``(up_gate, down)`` stacked over experts when quantized, else None."""
+        up_gate, down = self.up_gate_proj.data, self.down_proj.data
+        return (up_gate, down) if isinstance(up_gate, QuantizedWeight) else None
+
     def __call__(self, x: Any) -> Any:
         router_logits = self.ops.linear(x.astype("float32"), self.gate.data)
         bias = self.correction_bias.data if self.correction_bias is not None else None
         weights, ids = self.ops.moe_select_experts(router_logits, self.top_k, bias, True, self.norm_min)
-        out = self.ops.moe_experts(
-            x, weights, ids, self.up_gate_proj.data, self.down_proj.data, self.expert_quant
-        )
+        quant = self.expert_quant
+        if quant is not None:
+            out = self.ops.moe_experts(x, weights, ids, None, None, quant)
+        else:
+            out = self.ops.moe_experts(x, weights, ids, self.up_gate_proj.data, self.down_proj.data, None)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out

@@ -3,7 +3,10 @@
 Each checkpoint tensor is read from its memory-mapped file, upcast to fp32,
 transposed/sliced into its parameter's host buffer, and a parameter moves to
 a paddle tensor as soon as it is complete, so peak host memory stays near
-the model's size.
+the model's size. With quantization the model first swaps its quantizable
+weights for ``QuantizedParam``s, which quantize each matrix the moment it is
+complete: peak memory is then near the quantized model plus the fp32
+matrices being filled, never the fp32 model and the quantized one at once.
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from fd_core.config import UnsupportedFeatureError
 from fd_core.model_loader.safetensors_io import SafetensorsError, SafetensorsFile
 from fd_core.models import registry
 from fd_core.models.config import ModelConfig, load_config
+from fd_core.ops.linear import QuantizedWeight
 
 __all__ = ["CheckpointError", "checkpoint_files", "load_model"]
 
 logger = logging.getLogger(__name__)
+GIB = 1 << 30
 
 # Tensors real checkpoints carry that the text model does not use.
 _IGNORED = re.compile(r"^(ernie\.|model\.)?mtp|\.rotary_emb\.inv_freq$")
@@ -74,14 +80,46 @@ def _place(target: Any, name: str, array: np.ndarray) -> None:
     target.param.fill(np.asarray(array, dtype=np.float32), target.index)
 
 
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB else f"{num_bytes / (1 << 20):.1f} MiB"
+
+
+def _log_quantized(model: Any, quantization: Any) -> None:
+    """One line with the resident weight memory achieved; one for wint4 layers
+    that fell back to per-channel scales."""
+    from fd_core.quantization.weights import resident_bytes
+
+    params = model.parameters()
+    quantized = [p for p in params.values() if isinstance(p.data, QuantizedWeight)]
+    logger.info("weights: %s fp32 -> %s %s (the quantized layers: %s -> %s)",
+                _size(model.weight_bytes(as_fp32=True)), _size(model.weight_bytes()), quantization.describe(),
+                _size(sum(p.numel * 4 for p in quantized)), _size(sum(resident_bytes(p.data) for p in quantized)))
+    per_channel = [name for name, p in params.items()
+                   if getattr(p, "method", None) == "wint4" and p.group_size != -1 and p.in_features % p.group_size]
+    if per_channel:
+        logger.info("wint4: %d weight(s) whose in_features is not a multiple of group size %d use "
+                    "per-channel scales (%s)", len(per_channel), quantization.group_size,
+                    ", ".join(per_channel[:4]) + (", ..." if len(per_channel) > 4 else ""))
+
+
 def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
-               config: ModelConfig | None = None) -> Any:
-    """Build the model named by ``model_dir/config.json`` and load its weights."""
+               config: ModelConfig | None = None, quantization: Any = None) -> Any:
+    """Build the model named by ``model_dir/config.json`` and load its weights,
+    quantized as ``quantization`` (a ``fd_core.quantization.QuantizationConfig``
+    or None) says."""
     start = time.perf_counter()
     model_dir = Path(model_dir)
     config = config or load_config(model_dir)
     model_cls = registry.resolve(config.architecture)
     model = model_cls(config, ops, max_position)
+    if quantization is not None:
+        if not hasattr(model, "quantize_on_load"):
+            raise UnsupportedFeatureError(
+                f"--quantization {quantization.method}: {config.architecture} does not support "
+                "quantization; run it without --quantization"
+            )
+        quantization = quantization.for_architecture(config.architecture)
+        model.quantize_on_load(quantization)
     files = checkpoint_files(model_dir)
     readers = []
     try:
@@ -127,4 +165,6 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
     model.finish_loading()
     logger.info("loaded %s (%s naming, %d tensors) in %.1f s", model_dir, naming, len(seen),
                 time.perf_counter() - start)
+    if quantization is not None:
+        _log_quantized(model, quantization)
     return model

@@ -72,6 +72,42 @@ class Ernie4_5ForCausalLM:
         self.max_position = max_position or c.max_position_embeddings
         self.cos_sin = rope_cos_sin(c.head_dim, self.max_position, c.rope_theta)
 
+    def quantize_on_load(self, quantization: Any) -> None:
+        """Before loading: store linear weights quantized as the loader fills them.
+
+        ``quantization`` is a ``fd_core.quantization.QuantizationConfig``. The
+        decoder layers' linear layers (qkv, o, dense MLPs, shared experts) take
+        its dense method and routed experts its MoE method; embeddings, norms,
+        the router gate and the LM head stay fp32, as in FastDeploy.
+        """
+        for i, layer in enumerate(self.layers):
+            p = f"layers.{i}."
+            dense = {"self_attn.qkv_proj": layer.self_attn.qkv_proj, "self_attn.o_proj": layer.self_attn.o_proj}
+            mlp = layer.mlp
+            if isinstance(mlp, MoE):
+                mlp.use_quantization(quantization.moe_method, quantization.group_size, p + "mlp.experts")
+                if mlp.shared_experts is not None:
+                    dense["mlp.shared_experts.up_gate_proj"] = mlp.shared_experts.up_gate_proj
+                    dense["mlp.shared_experts.down_proj"] = mlp.shared_experts.down_proj
+            else:
+                dense["mlp.up_gate_proj"] = mlp.up_gate_proj
+                dense["mlp.down_proj"] = mlp.down_proj
+            for name, linear in dense.items():
+                linear.use_quantization(quantization.dense_method, quantization.group_size, p + name)
+
+    def weight_bytes(self, as_fp32: bool = False) -> int:
+        """Bytes the loaded weights hold (quantized ones: codes plus scales; a
+        tied LM head counts its own copy); ``as_fp32``: what they would hold
+        unquantized in fp32."""
+        from fd_core.quantization.weights import resident_bytes
+
+        params = list(self.parameters().values())
+        if self.config.tie_word_embeddings:
+            params.append(self.lm_head.weight)
+        if as_fp32:
+            return sum(p.numel * 4 for p in params)
+        return sum(resident_bytes(p.data) for p in params)
+
     def finish_loading(self) -> None:
         """Called by the loader after every parameter is filled."""
         if self.config.tie_word_embeddings:

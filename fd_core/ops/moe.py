@@ -43,22 +43,52 @@ def reference_moe_experts(
 
     Tokens are grouped by expert on the host (one argsort of ``T*k`` ids) and
     each expert that received tokens runs one matmul pair over all of them.
+    Quantized experts come as ``quant = (up_gate, down)``: two
+    ``QuantizedWeight``s stacked over a leading expert axis (``up_gate``
+    ``[E, 2I, D]``-shaped codes for ``[D, 2I]`` weights, ``down`` for
+    ``[I, D]``; layouts as in ``fd_core.quantization``) with the weight
+    arguments None. Each expert with tokens then runs its method's reference
+    linear on its own slice (dequantizing only that expert). Returns None for
+    a method that has no reference numerics.
     """
     if quant is not None:
-        return None
+        from fd_core.quantization.methods import registry
+        from fd_core.quantization.weights import expert_weight
+
+        up_q, down_q = quant
+        up_method, down_method = registry.find(up_q.method), registry.find(down_q.method)
+        up_linear = up_method.linear if up_method is not None else None
+        down_linear = down_method.linear if down_method is not None else None
+        if up_linear is None or down_linear is None:
+            return None
+        num_experts = int(up_q.qweight.shape[0])
+
+        def up_gate(e: int, h: Any) -> Any:
+            return up_linear(h, expert_weight(up_q, e))
+
+        def down(e: int, h: Any) -> Any:
+            return down_linear(h, expert_weight(down_q, e))
+    else:
+        num_experts = int(up_gate_weights.shape[0])
+
+        def up_gate(e: int, h: Any) -> Any:
+            return paddle.matmul(h, up_gate_weights[e])
+
+        def down(e: int, h: Any) -> Any:
+            return paddle.matmul(h, down_weights[e])
+
     num_tokens, top_k = topk_ids.shape
     ids = topk_ids.numpy().reshape(-1)
     order = np.argsort(ids, kind="stable")
-    counts = np.bincount(ids, minlength=up_gate_weights.shape[0])
+    counts = np.bincount(ids, minlength=num_experts)
     token_of = paddle.to_tensor((order // top_k).astype(np.int64))
     routed = paddle.gather(x, token_of)  # [T*k, D], grouped by expert
     outputs = []
     start = 0
     for expert in np.nonzero(counts)[0]:
         end = start + int(counts[expert])
-        h = paddle.matmul(routed[start:end], up_gate_weights[int(expert)])
-        gate, up = paddle.chunk(h, 2, axis=-1)
-        outputs.append(paddle.matmul(F.silu(gate) * up, down_weights[int(expert)]))
+        gate, up = paddle.chunk(up_gate(int(expert), routed[start:end]), 2, axis=-1)
+        outputs.append(down(int(expert), F.silu(gate) * up))
         start = end
     expert_out = paddle.concat(outputs, axis=0)
     weights = paddle.gather(topk_weights.reshape([-1]), paddle.to_tensor(order.astype(np.int64)))

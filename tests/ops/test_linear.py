@@ -31,7 +31,7 @@ def test_weight_layout_is_in_by_out(ops):
     np.testing.assert_allclose(out, [[1.0, 2.0, 1.0]])
 
 
-@pytest.mark.parametrize("method", ["wint8", "wint4"])
+@pytest.mark.parametrize("method", ["int3", "fp6"])
 def test_quantized_weight_is_not_provided(ops, method):
     quant = QuantizedWeight(method=method, qweight=paddle.zeros([4, 4], dtype="int8"),
                             scales=paddle.ones([4]), in_features=4, out_features=4)

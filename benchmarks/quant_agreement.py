@@ -1,0 +1,160 @@
+"""How far each quantization method moves a model from its fp32 self.
+
+For each shape and method, on the CPU reference backend (the numerics every
+backend is held to), over ``--prompts`` random prompts of 8 to 24 tokens:
+
+- greedy agreement: both models greedy-decode ``--tokens`` tokens;
+  ``prefix`` is the mean fraction of positions equal before the first
+  divergence, ``identical`` the fraction of sequences equal throughout;
+- teacher-forced: the quantized model reads prompt + the fp32 model's greedy
+  tokens in one prefill; ``top1`` is the fraction of positions where its
+  argmax is the fp32 token, ``|dlogprob|`` the mean and max absolute
+  difference of the fp32 token's log-probability between the two models;
+- weights: resident weight bytes, fp32 and quantized.
+
+    python benchmarks/quant_agreement.py                         # tiny-dense, tiny-moe
+    python benchmarks/quant_agreement.py --shapes 0.3b --prompts 32 --tokens 32
+    python benchmarks/quant_agreement.py --json                  # one JSON object per line
+
+Methods: wint8, wint4 (on ERNIE: dense layers wint8, routed experts wint4,
+as FastDeploy does), w8a8, and ``wint4-all`` (FastDeploy's mix_quant form
+with wint4 dense layers too).
+
+Checkpoints are generated (seeded random weights, so the numbers describe
+these models, not trained ERNIE weights) under ``checkpoints/``, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fd_core.backends.registry import get_backend  # noqa: E402
+from fd_core.engine.model_runner import ModelRunner, StepInput  # noqa: E402
+from fd_core.quantization import parse_quantization  # noqa: E402
+from fd_core.testing.checkpoints import generate_checkpoint  # noqa: E402
+from fd_core.testing.greedy import greedy_generate  # noqa: E402
+
+BLOCK_SIZE = 16
+METHODS = ("wint8", "wint4", "w8a8", "wint4-all")
+# labels for --quantization values that are not a bare method name
+ALIASES = {  # FastDeploy's mixed form: wint4 for dense layers too (plain wint4 keeps them wint8 on ERNIE)
+    "wint4-all": {"quantization": "mix_quant", "dense_quant_type": "wint4", "moe_quant_type": "wint4"},
+}
+
+
+def checkpoint(shape: str, root: Path) -> Path:
+    out = root / f"quant-agreement-{shape}-paddle"
+    if not (out / "config.json").is_file():
+        print(f"generating {out} (once)", file=sys.stderr, flush=True)
+        generate_checkpoint(out, shape, naming="paddle", seed=0)
+    return out
+
+
+def make_runner(model_dir: Path, quantization: Any, num_blocks: int, max_len: int) -> ModelRunner:
+    backend = get_backend("cpu")
+    config = parse_quantization(ALIASES.get(quantization, quantization))
+    return ModelRunner(model_dir, backend, num_blocks=num_blocks, block_size=BLOCK_SIZE,
+                       max_model_len=max_len, quantization=config)
+
+
+def teacher_forced_logprobs(runner: ModelRunner, prompts: list[list[int]], targets: list[list[int]],
+                            group: int = 4) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per request: log-probabilities of ``targets`` after ``prompt + targets[:i]``,
+    and whether the runner's argmax there is the target (``group`` requests per prefill)."""
+    lps: list[np.ndarray] = []
+    hits: list[np.ndarray] = []
+    for first in range(0, len(prompts), group):
+        batch = list(zip(prompts[first:first + group], targets[first:first + group]))
+        token_ids = [p + t[:-1] for p, t in batch]
+        tables, next_block = [], 0
+        for ids in token_ids:
+            need = -(-len(ids) // BLOCK_SIZE)
+            tables.append(list(range(next_block, next_block + need)))
+            next_block += need
+        step = StepInput(token_ids, [len(ids) for ids in token_ids], tables, 0,
+                         [True] * len(token_ids), [True] * len(token_ids))
+        logits = runner.execute(step).numpy().astype(np.float64)
+        logp = logits - logits.max(axis=-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(axis=-1, keepdims=True))
+        row = 0
+        for (prompt, target), ids in zip(batch, token_ids):
+            rows = logp[row + len(prompt) - 1 : row + len(ids)]  # row j predicts token j + 1
+            lps.append(rows[np.arange(len(target)), target])
+            hits.append(rows.argmax(axis=-1) == np.asarray(target))
+            row += len(ids)
+    return lps, hits
+
+
+def measure(shape: str, methods: list[str], num_prompts: int, num_tokens: int, root: Path,
+            seed: int = 0) -> list[dict[str, Any]]:
+    model_dir = checkpoint(shape, root)
+    rng = np.random.default_rng(seed)
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    prompts = [rng.integers(3, vocab, int(rng.integers(8, 25))).tolist() for _ in range(num_prompts)]
+    max_len = 24 + num_tokens
+    num_blocks = num_prompts * -(-max_len // BLOCK_SIZE) + 1
+    fp32 = make_runner(model_dir, None, num_blocks, max_len)
+    want, _ = greedy_generate(fp32, prompts, num_tokens)
+    want_lp, _ = teacher_forced_logprobs(fp32, prompts, want)
+    fp32_bytes = fp32.weight_bytes
+    del fp32
+    results = []
+    for method in methods:
+        start = time.perf_counter()
+        runner = make_runner(model_dir, method, num_blocks, max_len)
+        got, _ = greedy_generate(runner, prompts, num_tokens)
+        lp, hits = teacher_forced_logprobs(runner, prompts, want)
+        prefix = [next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), len(w)) / len(w)
+                  for g, w in zip(got, want)]
+        delta = np.abs(np.concatenate(lp) - np.concatenate(want_lp))
+        results.append({
+            "shape": shape, "method": method,
+            "resolved": parse_quantization(ALIASES.get(method, method), runner.config.architecture).describe(),
+            "prompts": num_prompts, "tokens": num_tokens,
+            "prefix": float(np.mean(prefix)),
+            "identical": float(np.mean([g == w for g, w in zip(got, want)])),
+            "top1": float(np.concatenate(hits).mean()),
+            "dlogprob_mean": float(delta.mean()), "dlogprob_max": float(delta.max()),
+            "fp32_bytes": fp32_bytes, "weight_bytes": runner.weight_bytes,
+            "seconds": round(time.perf_counter() - start, 1),
+        })
+        del runner
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", nargs="+", default=["tiny-dense", "tiny-moe"])
+    p.add_argument("--methods", nargs="+", default=list(METHODS))
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--checkpoints", type=Path, default=ROOT / "checkpoints")
+    p.add_argument("--json", action="store_true", help="print one JSON object per result")
+    args = p.parse_args(argv)
+    if not args.json:
+        print(f"{'shape':<11}{'method':<10}{'prefix':>8}{'identical':>10}{'top1':>8}"
+              f"{'|dlp| mean':>12}{'|dlp| max':>11}{'fp32 MiB':>10}{'quant MiB':>10}  resolved")
+    for shape in args.shapes:
+        for r in measure(shape, args.methods, args.prompts, args.tokens, args.checkpoints):
+            if args.json:
+                print(json.dumps(r), flush=True)
+                continue
+            print(f"{r['shape']:<11}{r['method']:<10}{r['prefix']:>8.3f}{r['identical']:>10.3f}"
+                  f"{r['top1']:>8.3f}{r['dlogprob_mean']:>12.4f}{r['dlogprob_max']:>11.4f}"
+                  f"{r['fp32_bytes'] / 2**20:>10.1f}{r['weight_bytes'] / 2**20:>10.1f}  {r['resolved']}",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

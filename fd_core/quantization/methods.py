@@ -1,0 +1,131 @@
+"""The registry of quantization methods, by the names ``--quantization`` takes.
+
+A method is a ``QuantMethod``: how a float ``[in, out]`` weight becomes its
+stored form (``quantize``) and the reference numerics of a linear layer on
+that form (``linear``). Built-in methods are imported when first used, so
+this module (and argument validation in the API process) needs no paddle.
+FastDeploy's methods that fd-core does not implement yet are registered as
+*refused*: naming one fails with a message saying so, never silently.
+General plugins (entry-point group ``fd_core.plugins``) add methods through
+the ``fd_register_quantization_methods`` hook, called once, the first time
+the registry is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MethodRegistry", "QuantMethod", "registry"]
+
+# numpy [in, out] float32, group_size -> (qweight, scales) numpy arrays in the method's layout
+QuantizeFn = Callable[[Any, int], tuple[Any, Any]]
+# (x [T, in] paddle, QuantizedWeight) -> [T, out]: the reference numerics
+LinearFn = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class QuantMethod:
+    """One quantization method (implemented, or refused with a reason)."""
+
+    name: str  # as --quantization spells it
+    summary: str  # one line for listings and messages
+    quantize: QuantizeFn | None = None
+    linear: LinearFn | None = None  # reference ``x @ W`` on the quantized form
+    grouped: bool = False  # takes a group size (scales per group of ``in`` indices)
+    refused: str = ""  # non-empty: not implemented; says why and what to use instead
+
+    @property
+    def implemented(self) -> bool:
+        return not self.refused and self.quantize is not None and self.linear is not None
+
+
+_NOT_YET = "is not implemented in fd-core yet; use wint8, wint4 or w8a8, or run without --quantization"
+_REFUSED = [
+    QuantMethod("block_wise_fp8", "128x128 block-wise fp8 weights, token-wise dynamic fp8 activations",
+                refused=f"block-wise fp8 {_NOT_YET}"),
+    QuantMethod("tensor_wise_fp8", "tensor-wise fp8 weights and activations",
+                refused=f"tensor-wise fp8 {_NOT_YET}"),
+    QuantMethod("wfp8afp8", "fp8 weights and activations", refused=f"fp8 weights and activations {_NOT_YET}"),
+    QuantMethod("w4a8", "int4 weights, int8 activations", refused=f"w4a8 {_NOT_YET}"),
+    QuantMethod("w4afp8", "int4 weights, fp8 activations", refused=f"w4afp8 {_NOT_YET}"),
+    QuantMethod("wint2", "2-bit weights (offline-quantized checkpoints)", refused=f"wint2 {_NOT_YET}"),
+    QuantMethod("weight_only", "FastDeploy's generic weight-only config",
+                refused="weight_only with an 'algo' key is not supported; name the method: wint8 or wint4"),
+    QuantMethod("kvcache", "KV-cache int8/fp8",
+                refused="KV-cache quantization is not implemented in fd-core yet; the KV cache stays float32"),
+]
+_BUILTINS = {
+    "wint8": "fd_core.quantization.wint:WINT8",
+    "wint4": "fd_core.quantization.wint:WINT4",
+    "w8a8": "fd_core.quantization.w8a8:W8A8",
+}
+
+
+class MethodRegistry:
+    """Method name -> ``QuantMethod`` (or ``"module:attr"``, imported lazily)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, QuantMethod | str] = {m.name: m for m in _REFUSED}
+        self._entries.update(_BUILTINS)
+        self._plugins_loaded = False
+        self._lock = threading.Lock()
+
+    def register(self, name: str, method: QuantMethod | str) -> None:
+        """Add or replace a method (a ``QuantMethod`` or ``"module:attr"``)."""
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"a quantization method needs a non-empty name, got {name!r}")
+        self._entries[name.strip().lower()] = method
+
+    def _load_plugins(self) -> None:
+        with self._lock:
+            if self._plugins_loaded:
+                return
+            self._plugins_loaded = True
+        from fd_core.plugins import manager
+
+        modules = manager.load_general_plugins()
+        if modules:
+            manager.make_plugin_manager(*modules).hook.fd_register_quantization_methods(registry=self)
+
+    def names(self, implemented: bool | None = None) -> list[str]:
+        """Registered names; ``implemented=True`` only those that run,
+        ``False`` only the refused ones."""
+        self._load_plugins()
+        if implemented is None:
+            return sorted(self._entries)
+        return sorted(n for n, e in self._entries.items()
+                      if (isinstance(e, str) or e.implemented) == implemented)
+
+    def find(self, name: str) -> QuantMethod | None:
+        """The method called ``name``, or None."""
+        self._load_plugins()
+        key = name.strip().lower() if isinstance(name, str) else ""
+        entry = self._entries.get(key)
+        if isinstance(entry, str):
+            module, attr = entry.split(":")
+            entry = getattr(importlib.import_module(module), attr)
+            self._entries[key] = entry
+        return entry
+
+    def is_known(self, name: str) -> bool:
+        self._load_plugins()
+        return isinstance(name, str) and name.strip().lower() in self._entries
+
+    def refusal(self, name: str) -> str:
+        """Why ``name`` cannot be used ("" when it can); built-ins are not imported."""
+        self._load_plugins()
+        entry = self._entries.get(name.strip().lower())
+        if entry is None or isinstance(entry, str):
+            return ""
+        if entry.refused:
+            return entry.refused
+        if not entry.implemented:
+            return f"{name} has no quantizer or reference numerics"
+        return ""
+
+
+registry = MethodRegistry()
