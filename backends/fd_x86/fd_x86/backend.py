@@ -1,0 +1,100 @@
+"""fd-x86: x86 CPUs, with native int8 linear kernels.
+
+Device hooks are the CPU reference's (same memory, same ``cpu`` place, gloo);
+the one kernel hook is ``fd_linear`` for ``QuantizedWeight``s of wint8, wint4
+and w8a8, answered by paddle custom C++ ops (``fd_x86.linear``). Unquantized
+linears and every other op return None here, so fd-core's reference answers.
+
+Importing this module imports neither paddle nor the compiled ops; the ops
+are built on first use (``fd_x86.build``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fd_core.backends import cpu as reference
+from fd_core.plugins import API_VERSION, hookimpl
+from fd_core.plugins.types import Availability, Capabilities, DeviceInfo, MemoryInfo
+from fd_x86 import build
+from fd_x86.cpu import choose_kernels
+
+FD_API_VERSION = API_VERSION
+
+logger = logging.getLogger(__name__)
+
+_build_failed: list[str] = []  # the first build error, once logged
+
+
+@hookimpl
+def fd_device_info() -> DeviceInfo:
+    return DeviceInfo(
+        name="x86",
+        device_type="cpu",
+        visible_devices_env=None,
+        collective_backend="gloo",
+        paddle_package="paddlepaddle (pip install 'fd-core[cpu]')",
+        auto_priority=50,  # above the reference (0), below hardware backends (100)
+        description="x86 CPUs: int8 linear kernels (AVX-512 VNNI / AVX2) as paddle custom ops",
+    )
+
+
+def _availability() -> Availability:
+    base = reference.fd_device_availability()
+    if not base.usable:
+        return base
+    choice = choose_kernels()
+    if choice.isa is None:
+        return Availability.unusable(choice.reason)
+    if build.is_built():
+        state = f"ops built ({build.build_dir()})"
+    elif build.compiler() is not None:
+        state = f"ops build on first use with {build.compiler()} (~30 s, cached in {build.build_dir()})"
+    else:
+        return Availability.unusable(
+            "fd_x86's kernels are not built and no C++ compiler was found (c++ / g++ on PATH, or "
+            "$CXX); install one (e.g. apt-get install g++), or run python -m fd_x86.build where one is"
+        )
+    return Availability.ok(f"{reference.num_threads()} threads", *choice.summary, state,
+                           "other ops: fd-core reference")
+
+
+@hookimpl
+def fd_device_availability() -> Availability:
+    try:
+        return _availability()
+    except Exception as exc:  # the hook must never raise
+        return Availability.unusable(f"availability check failed: {type(exc).__name__}: {exc}")
+
+
+@hookimpl
+def fd_device_memory(device_id: int) -> MemoryInfo:
+    return reference.fd_device_memory(device_id)
+
+
+@hookimpl
+def fd_device_capabilities() -> Capabilities:
+    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8"), kv_cache_dtypes=("float32",))
+
+
+@hookimpl
+def fd_set_device(device_id: int) -> str:
+    return reference.fd_set_device(device_id)
+
+
+@hookimpl
+def fd_linear(x: Any, weight: Any, bias: Any, quant: Any) -> Any:
+    """``x @ W + bias`` for wint8 / wint4 / w8a8 weights; None otherwise
+    (the reference answers), or when the ops cannot be built (logged once)."""
+    from fd_x86.linear import METHODS, quantized_linear
+
+    if quant is None or quant.method not in METHODS or _build_failed:
+        return None
+    try:
+        out = quantized_linear(x, quant)
+    except build.BuildError as exc:
+        _build_failed.append(str(exc))
+        logger.warning("fd_x86: %s; quantized linears fall back to fd-core's reference", exc)
+        return None
+    return out if bias is None else out + bias

@@ -1,0 +1,78 @@
+"""What this CPU can run, and which kernel each method gets (no paddle).
+
+The C++ op picks its kernel the same way at run time
+(``__builtin_cpu_supports``); this module mirrors it so the listing can say
+what will run without loading the op.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+__all__ = ["CpuFeatures", "KernelChoice", "choose_kernels", "cpu_features"]
+
+AVX512_VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
+AVX2_FLAGS = ("avx2", "fma")
+AMX_FLAGS = ("amx_tile", "amx_int8")
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    model: str
+    flags: frozenset[str]
+
+    def has(self, *names: str) -> bool:
+        return all(name in self.flags for name in names)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_features() -> CpuFeatures:
+    """Flags of the first CPU in /proc/cpuinfo (empty where there is none)."""
+    model, flags = "", frozenset[str]()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not model:
+                    model = value.strip()
+                elif key == "flags":
+                    flags = frozenset(value.split())
+                    break
+    except OSError:
+        pass
+    return CpuFeatures(model, flags)
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The ISA the ops will use here, or why none can."""
+
+    isa: str | None  # "avx512" | "avx2" | None
+    summary: tuple[str, ...]  # one line per method family, for the listing
+    reason: str = ""  # why isa is None
+
+
+def choose_kernels(features: CpuFeatures | None = None) -> KernelChoice:
+    features = features or cpu_features()
+    amx = (
+        "AMX-int8 not implemented (untestable without an AMX CPU)"
+        if features.has(*AMX_FLAGS)
+        else "no AMX on this CPU"
+    )
+    if features.has(*AVX512_VNNI_FLAGS):
+        return KernelChoice("avx512", (
+            f"w8a8: avx512-vnni vpdpbusd, 4x4 register tiles for M<8 and M>=8 ({amx})",
+            "wint8/wint4: avx512 fp32 FMA, weights dequantized in registers",
+        ))
+    if features.has(*AVX2_FLAGS):
+        missing = [f for f in AVX512_VNNI_FLAGS if f not in features.flags]
+        return KernelChoice("avx2", (
+            f"w8a8: avx2 vpmaddubsw (no {', '.join(missing)})",
+            "wint8/wint4: avx2 fp32 FMA, weights dequantized in registers",
+        ))
+    return KernelChoice(None, (), reason=(
+        f"this CPU ({features.model or 'unknown'}) has no AVX2+FMA, which fd-x86's kernels need; "
+        "use fd-core's cpu backend (--backend cpu)"
+    ))

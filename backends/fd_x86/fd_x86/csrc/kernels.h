@@ -1,0 +1,57 @@
+// fd_x86 linear kernels: the ISA-independent interface.
+//
+// Each kernel lives in a translation unit compiled for one ISA through
+// `#pragma GCC target` (kernels_avx512.cc, kernels_avx2.cc), so the library
+// builds without -march=native and runs on any x86-64 CPU: the op picks the
+// kernel at run time with __builtin_cpu_supports. Kernel TUs include no
+// paddle or STL headers, so no inline function compiled for AVX-512 can be
+// merged (COMDAT) into code that runs on an older CPU.
+//
+// Layouts (the fd-core contract, fd_core.quantization):
+//   wint8, w8a8: qweight int8 [N, K] (row = output channel), scales fp32 [N]
+//   wint4:       qweight uint8 [N, K/2], byte j = in 2j (low nibble) and
+//                2j+1 (high nibble), signed 4-bit; scales fp32 [N, G] with
+//                group g covering in [g*group_size, (g+1)*group_size)
+#pragma once
+#include <cstdint>
+
+namespace fdx86 {
+
+struct LinearArgs {
+  int64_t M = 0, N = 0, K = 0;  // x [M, K], out [M, N]
+  const float* x = nullptr;     // wint8: fp32 activations [M, K] (row stride K)
+  // w8a8: per-token quantized activations [M, ldq] (zero padded), their
+  // scales [M] and row sums [M] (for the u8 offset compensation)
+  const int8_t* xq = nullptr;
+  int64_t ldq = 0;
+  const float* xscale = nullptr;
+  const int32_t* xsum = nullptr;
+  // wint4: activations split into even / odd input indices [M, ldh] (zero padded)
+  const float* xe = nullptr;
+  const float* xo = nullptr;
+  int64_t ldh = 0;
+  const void* w = nullptr;        // qweight
+  const float* scales = nullptr;  // [N] or [N, groups]
+  int64_t groups = 1;
+  int64_t group_size = 0;  // wint4: input features per group (even)
+  float* out = nullptr;    // [M, N]
+  int threads = 1;
+};
+
+// Per-token dynamic int8 quantization for w8a8: s = max|x| / 127 (1 for a
+// zero row), xq = clip(rint(x / s), -127, 127), xsum = sum(xq). Writes
+// xq [M, ldq] with zeros past K.
+void quantize_rows_avx512(const float* x, int64_t M, int64_t K, int8_t* xq, int64_t ldq,
+                          float* xscale, int32_t* xsum, int threads);
+void quantize_rows_avx2(const float* x, int64_t M, int64_t K, int8_t* xq, int64_t ldq,
+                        float* xscale, int32_t* xsum, int threads);
+
+void wint8_avx512(const LinearArgs& a);
+void wint4_avx512(const LinearArgs& a);
+void w8a8_avx512_vnni(const LinearArgs& a);
+
+void wint8_avx2(const LinearArgs& a);
+void wint4_avx2(const LinearArgs& a);
+void w8a8_avx2(const LinearArgs& a);
+
+}  // namespace fdx86

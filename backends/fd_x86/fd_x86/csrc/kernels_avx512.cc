@@ -1,0 +1,234 @@
+// AVX-512 kernels (F, BW, VL, DQ + VNNI for w8a8). Compiled for that ISA by
+// the pragma below and only called after __builtin_cpu_supports says so.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,bmi,bmi2")
+
+#include "tiling.h"
+
+namespace {
+
+using fdx86::LinearArgs;
+
+// [sum(a), sum(b), sum(c), sum(d)]
+inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3), same for c, d
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
+  // per lane: (a, b, c, d) partial sums
+  const __m512 abcd = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
+                                    _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+inline __m128i hsum4(__m512i a, __m512i b, __m512i c, __m512i d) {
+  const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+  const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+  const __m512i abcd = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+  const __m256i half = _mm256_add_epi32(_mm512_castsi512_si256(abcd), _mm512_extracti64x4_epi64(abcd, 1));
+  return _mm_add_epi32(_mm256_castsi256_si128(half), _mm256_extracti128_si256(half, 1));
+}
+
+template <int MB, int NB>
+inline void reduce_store(const __m512 (&acc)[MB][NB], float (&sums)[MB][NB]) {
+  #pragma GCC unroll 4
+  for (int i = 0; i < MB; ++i) {
+    if constexpr (NB == 4) {
+      _mm_storeu_ps(sums[i], hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+    } else {
+      #pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) sums[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+    }
+  }
+}
+
+inline __mmask16 mask16(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
+inline __mmask64 mask64(int64_t n) { return n >= 64 ? ~0ULL : ((1ULL << n) - 1ULL); }
+
+// ------------------------------------------------------------------ wint8
+// x fp32; int8 weights widened to fp32 in registers (vpmovsxbd + cvtdq2ps),
+// FMA along K; the per-channel scale is applied once to the dot product.
+struct Wint8 {
+  static constexpr int kMaxRows = 4;
+
+  template <int MB, int NB>
+  static inline void step(const float* x, int64_t K, const int8_t* w, int64_t k, __mmask16 mk,
+                          __m512 (&acc)[MB][NB]) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      if (k % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + (j + NB) * K + k), _MM_HINT_T0);
+      const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, w + j * K + k)));
+#pragma GCC unroll 4
+      for (int i = 0; i < MB; ++i)
+        acc[i][j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + i * K + k), wv, acc[i][j]);
+    }
+  }
+
+  template <int MB, int NB>
+  static inline void tile(const LinearArgs& a, int64_t m, int64_t n) {
+    const int64_t K = a.K;
+    const float* x = a.x + m * K;
+    const int8_t* w = static_cast<const int8_t*>(a.w) + n * K;
+    __m512 acc[MB][NB];
+    #pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i)
+      #pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) step<MB, NB>(x, K, w, k, (__mmask16)0xFFFF, acc);
+    if (k < K) step<MB, NB>(x, K, w, k, mask16(K - k), acc);
+    float sums[MB][NB];
+    reduce_store<MB, NB>(acc, sums);
+    #pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i)
+      #pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) a.out[(m + i) * a.N + n + j] = sums[i][j] * a.scales[n + j];
+  }
+};
+
+// ------------------------------------------------------------------ wint4
+// 16 bytes = 32 weights per step: sign-extend the bytes to int32, the low
+// nibble is (v << 28) >> 28 and the high nibble v >> 4 (arithmetic shifts);
+// times the group scale, FMA with x's even / odd inputs (split beforehand).
+struct Wint4 {
+  static constexpr int kMaxRows = 4;
+
+  template <int MB, int NB>
+  static inline void step(const LinearArgs& a, int64_t m, const uint8_t* w, int64_t Kh, int64_t b,
+                          __mmask16 mk, const __m512 (&sc)[NB], __m512 (&acc)[MB][NB]) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      if (b % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + (j + NB) * Kh + b), _MM_HINT_T0);
+      const __m512i v = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, w + j * Kh + b));
+      const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 28), 28)), sc[j]);
+      const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(v, 4)), sc[j]);
+#pragma GCC unroll 4
+      for (int i = 0; i < MB; ++i) {
+        const int64_t row = (m + i) * a.ldh + b;
+        acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(a.xe + row), lo, acc[i][j]);
+        acc[i][j] = _mm512_fmadd_ps(_mm512_loadu_ps(a.xo + row), hi, acc[i][j]);
+      }
+    }
+  }
+
+  template <int MB, int NB>
+  static inline void tile(const LinearArgs& a, int64_t m, int64_t n) {
+    const int64_t Kh = a.K / 2, gh = a.group_size / 2;
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * Kh;
+    __m512 acc[MB][NB];
+    #pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i)
+      #pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < a.groups; ++g) {
+      __m512 sc[NB];
+      #pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) sc[j] = _mm512_set1_ps(a.scales[(n + j) * a.groups + g]);
+      const int64_t b1 = min64((g + 1) * gh, Kh);
+      int64_t b = g * gh;
+      for (; b + 16 <= b1; b += 16) step<MB, NB>(a, m, w, Kh, b, (__mmask16)0xFFFF, sc, acc);
+      if (b < b1) step<MB, NB>(a, m, w, Kh, b, mask16(b1 - b), sc, acc);  // x is zero padded
+    }
+    float sums[MB][NB];
+    reduce_store<MB, NB>(acc, sums);
+    #pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i)
+      #pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) a.out[(m + i) * a.N + n + j] = sums[i][j];
+  }
+};
+
+// ------------------------------------------------------------------- w8a8
+// vpdpbusd multiplies unsigned by signed bytes. The weights are made the
+// unsigned operand by flipping their sign bit (w + 128, one vpxor per 64
+// weights, shared by the MB rows), activations stay signed:
+//   sum (w + 128) * xq = sum w * xq + 128 * sum xq,
+// so the correction is per token (a.xsum), not per output channel.
+struct W8A8 {
+  static constexpr int kMaxRows = 4;
+
+  template <int MB, int NB>
+  static inline void tile(const LinearArgs& a, int64_t m, int64_t n) {
+    const int64_t K = a.K, ldq = a.ldq;
+    const int8_t* x = a.xq + m * ldq;
+    const int8_t* w = static_cast<const int8_t*>(a.w) + n * K;
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512i acc[MB][NB];
+#pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_si512();
+    // One loop for body and tail: x is zero padded to ldq, W's tail masked
+    // (masked-off bytes become 0x80 = 128, times xq = 0 past K).
+    for (int64_t k = 0; k < K; k += 64) {
+      const __mmask64 mk = mask64(K - k);
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + (j + NB) * K + k), _MM_HINT_T0);  // next tile
+        const __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, w + j * K + k), flip);
+#pragma GCC unroll 4
+        for (int i = 0; i < MB; ++i)
+          acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], wv, _mm512_loadu_si512(x + i * ldq + k));
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i) {
+      int32_t sums[NB];
+      if constexpr (NB == 4) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(sums), hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+      } else {
+        #pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) sums[j] = _mm512_reduce_add_epi32(acc[i][j]);
+      }
+      const int32_t comp = 128 * a.xsum[m + i];
+      const float s = a.xscale[m + i];
+      #pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j)
+        a.out[(m + i) * a.N + n + j] = static_cast<float>(sums[j] - comp) * s * a.scales[n + j];
+    }
+  }
+};
+
+}  // namespace
+
+namespace fdx86 {
+
+void quantize_rows_avx512(const float* x, int64_t M, int64_t K, int8_t* xq, int64_t ldq,
+                          float* xscale, int32_t* xsum, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && M * K >= (1 << 16))
+  for (int64_t m = 0; m < M; ++m) {
+    const float* r = x + m * K;
+    int8_t* q = xq + m * ldq;
+    __m512 mx = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16)
+      mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_maskz_loadu_ps(mask16(K - k), r + k)));
+    const float amax = _mm512_reduce_max_ps(mx);
+    const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+    const __m512 vs = _mm512_set1_ps(s);
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    __m512i sum = _mm512_setzero_si512();
+    int64_t k = 0;
+    for (; k < K; k += 16) {
+      const __mmask16 mk = mask16(K - k);
+      // cvtps2dq rounds to nearest even (the default MXCSR mode), like rint
+      __m512i v = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(mk, r + k), vs));
+      v = _mm512_min_epi32(_mm512_max_epi32(v, lo), hi);
+      sum = _mm512_add_epi32(sum, v);
+      _mm_mask_storeu_epi8(q + k, mk, _mm512_cvtepi32_epi8(v));
+    }
+    for (k = K; k < ldq; ++k) q[k] = 0;
+    xscale[m] = s;
+    xsum[m] = _mm512_reduce_add_epi32(sum);
+  }
+}
+
+void wint8_avx512(const LinearArgs& a) { drive<Wint8>(a); }
+void wint4_avx512(const LinearArgs& a) { drive<Wint4>(a); }
+void w8a8_avx512_vnni(const LinearArgs& a) { drive<W8A8>(a); }
+
+}  // namespace fdx86

@@ -1,0 +1,54 @@
+// The loop nest shared by every kernel TU; included *after* the TU's
+// `#pragma GCC target`, so it is compiled for that ISA. Internal linkage
+// only (anonymous namespace): see kernels.h.
+//
+// Work split: OpenMP over chunks of kOutChunk output channels (each thread
+// streams its own rows of W, read from memory once per kRowChunk rows of x);
+// inside a chunk, register tiles of MB rows of x x NB output channels, with
+// the dot products running along K (W's rows are contiguous in K).
+#pragma once
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace {
+
+constexpr int64_t kOutChunk = 32;  // output channels per parallel work item
+constexpr int64_t kRowChunk = 64;  // rows of x per pass over a chunk of W
+// Below this many multiply-adds a call runs on one thread: waking the team
+// costs more than it saves (and much more when the cores are oversubscribed).
+constexpr int64_t kMinParallelMacs = int64_t(1) << 20;
+
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+template <class Kern, int NB>
+inline void run_rows(const fdx86::LinearArgs& a, int64_t m0, int64_t m1, int64_t n) {
+  int64_t m = m0;
+  for (; m + Kern::kMaxRows <= m1; m += Kern::kMaxRows) Kern::template tile<Kern::kMaxRows, NB>(a, m, n);
+  const int64_t rest = m1 - m;
+  if (rest == 1) Kern::template tile<1, NB>(a, m, n);
+  if constexpr (Kern::kMaxRows > 2) {
+    if (rest == 2) Kern::template tile<2, NB>(a, m, n);
+  }
+  if constexpr (Kern::kMaxRows > 3) {
+    if (rest == 3) Kern::template tile<3, NB>(a, m, n);
+  }
+}
+
+template <class Kern>
+void drive(const fdx86::LinearArgs& a) {
+  const int64_t chunks = (a.N + kOutChunk - 1) / kOutChunk;
+  const bool parallel = a.threads > 1 && chunks > 1 && a.M * a.N * a.K >= kMinParallelMacs;
+#pragma omp parallel for schedule(static) num_threads(a.threads) if (parallel)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t n0 = c * kOutChunk, n1 = min64(n0 + kOutChunk, a.N);
+    for (int64_t m0 = 0; m0 < a.M; m0 += kRowChunk) {
+      const int64_t m1 = min64(m0 + kRowChunk, a.M);
+      int64_t n = n0;
+      for (; n + 4 <= n1; n += 4) run_rows<Kern, 4>(a, m0, m1, n);
+      for (; n < n1; ++n) run_rows<Kern, 1>(a, m0, m1, n);
+    }
+  }
+}
+
+}  // namespace

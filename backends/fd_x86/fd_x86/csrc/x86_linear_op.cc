@@ -1,0 +1,179 @@
+// Paddle custom operators for fd_x86's quantized linear layers.
+//
+//   fd_x86_wint8_linear(x, qweight, scales)  x fp32 [M, K], qweight int8 [N, K]
+//   fd_x86_wint4_linear(x, qweight, scales)  qweight uint8 [N, K/2], scales [N, G]
+//   fd_x86_w8a8_linear(x, qweight, scales)   per-token dynamic int8 activations
+//
+// All return out fp32 [M, N] and read the inputs' own memory (no copies).
+// Attributes: isa (0 = best this CPU has, 1 = AVX2, 2 = AVX-512; asking for
+// one the CPU lacks is an error), threads (OpenMP threads over output
+// channels), group_size (wint4: input features per scale group; -1 = K).
+// This file is compiled for baseline x86-64; the kernels for each ISA live
+// in their own translation units (kernels_*.cc).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+#include "paddle/extension.h"
+
+namespace {
+
+constexpr int kAuto = 0, kAvx2 = 1, kAvx512 = 2;
+
+bool cpu_has_avx512_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+bool cpu_has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+int resolve_isa(int isa) {
+  if (isa == kAuto) {
+    if (cpu_has_avx512_vnni()) return kAvx512;
+    if (cpu_has_avx2()) return kAvx2;
+    PD_THROW("fd_x86: this CPU has neither AVX-512 VNNI nor AVX2+FMA; use fd-core's cpu backend");
+  }
+  if (isa == kAvx512) {
+    PD_CHECK(cpu_has_avx512_vnni(), "fd_x86: isa=2 (AVX-512 VNNI) requested, but this CPU lacks it");
+    return isa;
+  }
+  if (isa == kAvx2) {
+    PD_CHECK(cpu_has_avx2(), "fd_x86: isa=1 (AVX2+FMA) requested, but this CPU lacks it");
+    return isa;
+  }
+  PD_THROW("fd_x86: isa must be 0 (auto), 1 (avx2) or 2 (avx512), got ", isa);
+}
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// Checks the shared inputs; returns the args with M, N, K, pointers, output.
+fdx86::LinearArgs prepare(const char* op, const paddle::Tensor& x, const paddle::Tensor& qweight,
+                          const paddle::Tensor& scales, paddle::DataType wtype, int64_t k_per_row,
+                          paddle::Tensor* out, int threads) {
+  PD_CHECK(x.is_cpu() && qweight.is_cpu() && scales.is_cpu(), op, ": tensors must be on the CPU");
+  PD_CHECK(x.dtype() == paddle::DataType::FLOAT32, op, ": x must be float32");
+  PD_CHECK(x.shape().size() == 2, op, ": x must be 2-D [M, K]");
+  PD_CHECK(x.is_contiguous() && qweight.is_contiguous() && scales.is_contiguous(), op,
+           ": x, qweight and scales must be contiguous");
+  PD_CHECK(qweight.dtype() == wtype, op, ": qweight has the wrong dtype");
+  PD_CHECK(qweight.shape().size() == 2, op, ": qweight must be 2-D [N, K']");
+  PD_CHECK(scales.dtype() == paddle::DataType::FLOAT32, op, ": scales must be float32");
+  fdx86::LinearArgs a;
+  a.M = x.shape()[0];
+  a.K = x.shape()[1];
+  a.N = qweight.shape()[0];
+  PD_CHECK(qweight.shape()[1] * k_per_row == a.K, op, ": qweight is [", a.N, ", ", qweight.shape()[1],
+           "], which does not match x's K = ", a.K);
+  a.x = x.data<float>();
+  a.w = qweight.data();
+  a.scales = scales.data<float>();
+  a.threads = threads < 1 ? 1 : threads;
+  *out = paddle::empty({a.M, a.N}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  a.out = out->data<float>();
+  return a;
+}
+
+}  // namespace
+
+std::vector<paddle::Tensor> Wint8Linear(const paddle::Tensor& x, const paddle::Tensor& qweight,
+                                        const paddle::Tensor& scales, int isa, int threads) {
+  paddle::Tensor out;
+  fdx86::LinearArgs a = prepare("fd_x86_wint8_linear", x, qweight, scales, paddle::DataType::INT8, 1, &out, threads);
+  PD_CHECK(scales.numel() == a.N, "fd_x86_wint8_linear: scales must have N = ", a.N, " entries");
+  if (a.M == 0 || a.N == 0) return {out};
+  if (resolve_isa(isa) == kAvx512) fdx86::wint8_avx512(a); else fdx86::wint8_avx2(a);
+  return {out};
+}
+
+std::vector<paddle::Tensor> Wint4Linear(const paddle::Tensor& x, const paddle::Tensor& qweight,
+                                        const paddle::Tensor& scales, int isa, int threads, int group_size) {
+  paddle::Tensor out;
+  PD_CHECK(x.shape().size() == 2 && x.shape()[1] % 2 == 0, "fd_x86_wint4_linear: K must be even");
+  fdx86::LinearArgs a = prepare("fd_x86_wint4_linear", x, qweight, scales, paddle::DataType::UINT8, 2, &out, threads);
+  a.group_size = group_size <= 0 ? a.K : group_size;
+  a.groups = a.N == 0 ? 1 : scales.numel() / a.N;
+  PD_CHECK(a.group_size % 2 == 0, "fd_x86_wint4_linear: group_size must be even, got ", group_size);
+  PD_CHECK(scales.numel() == a.N * a.groups && a.groups == (a.K + a.group_size - 1) / a.group_size,
+           "fd_x86_wint4_linear: scales must be [N, ceil(K / group_size)] = [", a.N, ", ",
+           (a.K + a.group_size - 1) / a.group_size, "], got ", scales.numel(), " values");
+  if (a.M == 0 || a.N == 0) return {out};
+  const int which = resolve_isa(isa);
+  // x split into even / odd inputs, zero padded so vector loads may run past K/2
+  const int64_t kh = a.K / 2;
+  a.ldh = round_up(kh, 16) + 16;
+  std::vector<float> xe(a.M * a.ldh, 0.0f), xo(a.M * a.ldh, 0.0f);
+  for (int64_t m = 0; m < a.M; ++m) {
+    const float* r = a.x + m * a.K;
+    for (int64_t j = 0; j < kh; ++j) {
+      xe[m * a.ldh + j] = r[2 * j];
+      xo[m * a.ldh + j] = r[2 * j + 1];
+    }
+  }
+  a.xe = xe.data();
+  a.xo = xo.data();
+  if (which == kAvx512) fdx86::wint4_avx512(a); else fdx86::wint4_avx2(a);
+  return {out};
+}
+
+std::vector<paddle::Tensor> W8A8Linear(const paddle::Tensor& x, const paddle::Tensor& qweight,
+                                       const paddle::Tensor& scales, int isa, int threads) {
+  paddle::Tensor out;
+  fdx86::LinearArgs a = prepare("fd_x86_w8a8_linear", x, qweight, scales, paddle::DataType::INT8, 1, &out, threads);
+  PD_CHECK(scales.numel() == a.N, "fd_x86_w8a8_linear: scales must have N = ", a.N, " entries");
+  if (a.M == 0 || a.N == 0) return {out};
+  const int which = resolve_isa(isa);
+  a.ldq = round_up(a.K, 64);
+  std::vector<int8_t> xq(a.M * a.ldq);
+  std::vector<float> xscale(a.M);
+  std::vector<int32_t> xsum(a.M);
+  if (which == kAvx512) {
+    fdx86::quantize_rows_avx512(a.x, a.M, a.K, xq.data(), a.ldq, xscale.data(), xsum.data(), a.threads);
+  } else {
+    fdx86::quantize_rows_avx2(a.x, a.M, a.K, xq.data(), a.ldq, xscale.data(), xsum.data(), a.threads);
+  }
+  a.xq = xq.data();
+  a.xscale = xscale.data();
+  a.xsum = xsum.data();
+  if (which == kAvx512) fdx86::w8a8_avx512_vnni(a); else fdx86::w8a8_avx2(a);
+  return {out};
+}
+
+std::vector<std::vector<int64_t>> LinearInferShape(const std::vector<int64_t>& x, const std::vector<int64_t>& w,
+                                                   const std::vector<int64_t>& s) {
+  return {{x[0], w[0]}};
+}
+
+std::vector<paddle::DataType> LinearInferDtype(const paddle::DataType& x, const paddle::DataType& w,
+                                               const paddle::DataType& s) {
+  return {paddle::DataType::FLOAT32};
+}
+
+PD_BUILD_OP(fd_x86_wint8_linear)
+    .Inputs({"X", "QWeight", "Scales"})
+    .Outputs({"Out"})
+    .Attrs({"isa: int", "threads: int"})
+    .SetKernelFn(PD_KERNEL(Wint8Linear))
+    .SetInferShapeFn(PD_INFER_SHAPE(LinearInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(LinearInferDtype));
+
+PD_BUILD_OP(fd_x86_wint4_linear)
+    .Inputs({"X", "QWeight", "Scales"})
+    .Outputs({"Out"})
+    .Attrs({"isa: int", "threads: int", "group_size: int"})
+    .SetKernelFn(PD_KERNEL(Wint4Linear))
+    .SetInferShapeFn(PD_INFER_SHAPE(LinearInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(LinearInferDtype));
+
+PD_BUILD_OP(fd_x86_w8a8_linear)
+    .Inputs({"X", "QWeight", "Scales"})
+    .Outputs({"Out"})
+    .Attrs({"isa: int", "threads: int"})
+    .SetKernelFn(PD_KERNEL(W8A8Linear))
+    .SetInferShapeFn(PD_INFER_SHAPE(LinearInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(LinearInferDtype));
