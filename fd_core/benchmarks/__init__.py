@@ -1,5 +1,7 @@
 """Benchmarks: ``fd-bench serve`` (an OpenAI-compatible server over HTTP),
-``fd-bench throughput`` and ``fd-bench latency`` (the engine in process).
+``fd-bench throughput`` and ``fd-bench latency`` (the engine in process), and
+``compare`` (the same workload through HF transformers ``generate`` and
+through a real ``fd-serve``, one after the other; ``benchmarks/compare.py``).
 
 Owns the benchmark datasets (random, shared-prefix, ShareGPT), the streaming
 HTTP client that times each request, the serving metrics (vLLM's
