@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["KERNEL_OPS", "SUITE_DIR"]
 
 SUITE_DIR = Path(__file__).resolve().parent
-MODEL_PLACEHOLDER_REASON = "model-level conformance arrives with the model runner (issue 3)"
 _DTYPES = ("float32", "float16", "bfloat16")
 _DEVICE_HOOKS = ("device_info", "device_availability", "device_memory", "device_capabilities",
                  "set_device")
@@ -162,7 +161,6 @@ class _SuiteHooks:
                 continue
             self.state.ran_suite = True
             if self.state.skip_reason:
-                # First, so it wins over the model placeholder's own skip.
                 item.add_marker(pytest.mark.skip(reason=self.state.skip_reason), append=False)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
