@@ -36,6 +36,7 @@ _ENGINE_FLAGS = {  # flag -> (type, help); passed to LLM(...) only when given
     "num_gpu_blocks_override": (int, "KV cache blocks, instead of sizing from memory"),
     "block_size": (int, "tokens per KV cache block"),
     "gpu_memory_utilization": (float, "fraction of device memory to use"),
+    "quantization": (str, "wint8, wint4, w8a8 (or FastDeploy's JSON form)"),
 }
 
 

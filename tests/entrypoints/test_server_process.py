@@ -178,3 +178,18 @@ def test_engine_death_fails_health_and_exits_nonzero(tmp_path, checkpoint_factor
     assert srv.proc.wait(timeout=30) == 1
     assert "engine process died" in srv.output()
     srv.stop()
+
+
+def test_fd_bench_serve_against_the_real_server(server, tmp_path):
+    from fd_core.benchmarks.cli import main as fd_bench
+
+    code = fd_bench(["serve", "--base-url", server.url, "--model", "tiny", "--dataset-name", "random",
+                     "--num-prompts", "6", "--random-input-len", "24", "--random-output-len", "8",
+                     "--request-rate", "inf", "--ignore-eos", "--save-result",
+                     "--result-dir", str(tmp_path), "--result-filename", "bench.json"])
+    assert code == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    summary = result["summary"]
+    assert summary["completed"] == 6 and summary["failed"] == 0
+    assert summary["total_output_tokens"] == 6 * 8
+    assert summary["mean_ttft_ms"] > 0 and summary["output_throughput"] > 0
