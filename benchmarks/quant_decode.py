@@ -63,6 +63,7 @@ def main() -> None:
     for backend, method in configs:
         llm = LLM(str(CHECKPOINT), backend=backend, quantization=method, max_model_len=1024,
                   max_num_seqs=max(args.batch), num_gpu_blocks_override=40 * max(args.batch) // 8 + 16)
+        decode_rate(llm, 2, 16, 2)  # throwaway: first-use costs (allocator, BLAS, op builds)
         rates = [decode_rate(llm, b, args.prompt_len, args.steps) for b in args.batch]
         rows.append((backend, method or "fp32", rates))
         print(f"{backend:>4} {method or 'fp32':>6}: " + "  ".join(f"B={b}: {r:7.1f} tok/s" for b, r in zip(args.batch, rates)), flush=True)
