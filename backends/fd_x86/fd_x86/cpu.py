@@ -63,7 +63,7 @@ def choose_kernels(features: CpuFeatures | None = None) -> KernelChoice:
     )
     if features.has(*AVX512_VNNI_FLAGS):
         return KernelChoice("avx512", (
-            f"w8a8: avx512-vnni vpdpbusd, 4x4 register tiles for M<8 and M>=8 ({amx})",
+            f"w8a8: avx512-vnni vpdpbusd on repacked weights, 8x32 tiles ({amx})",
             "wint8/wint4: avx512 fp32 FMA, weights dequantized in registers",
         ))
     if features.has(*AVX2_FLAGS):

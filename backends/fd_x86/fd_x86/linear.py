@@ -8,19 +8,100 @@ only when it is not contiguous fp32). Layouts (the fd-core contract):
 - wint8 / w8a8: ``qweight`` int8 ``[out, in]``, ``scales`` fp32 ``[out]``
 - wint4: ``qweight`` uint8 ``[out, in // 2]`` (low nibble = even input),
   ``scales`` fp32 ``[out, in // group_size]`` (``[out, 1]`` per channel)
+
+On AVX-512 VNNI CPUs the first call repacks the weight once into blocks of
+16 output channels (``pack_weight``; see ``csrc/kernels.h``) and caches it on
+the ``QuantizedWeight`` (``quant.backend_cache["x86"]``, keyed by the
+``qweight`` / ``scales`` tensor objects: replacing them repacks, writing
+into them in place does not). That costs one more copy of the weight
+(about its size); ``FD_X86_REPACK=0`` turns it off (the contract-layout
+kernels then run, several times slower at batch > 1).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
+
+import numpy as np
 
 from fd_core.backends.cpu import num_threads
 from fd_x86.build import load_ops
 
-__all__ = ["ISAS", "METHODS", "quantized_linear"]
+__all__ = ["ISAS", "METHODS", "pack_weight", "quantized_linear"]
 
 METHODS = ("wint8", "wint4", "w8a8")
 ISAS = {"auto": 0, "avx2": 1, "avx512": 2}  # the op's ``isa`` attribute
+_PACKED_METHOD = {"wint8": 0, "wint4": 1, "w8a8": 2}  # fd_x86_packed_linear's ``method``
+# wint8 with more rows than this runs the contract-layout kernel even where
+# the weight is packed: its 4 x 4 dot-product tiles beat the packed 8 x 32
+# broadcast tiles once the fp32 FMAs, not memory, bound the call (measured on
+# Zen 4: packed 1.4x faster at 1 row, ~5% at 4-6, ~10% slower at 8 and 32)
+WINT8_PACKED_MAX_ROWS = 7
+
+
+def pack_weight(method: str, qweight: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The contract layout -> the packed kernels' (blocks of 16 output
+    channels, padded with zero weights / scales):
+    wint8 int8 ``[N16, K, 16]``; w8a8 uint8 ``[N16, K4, 16, 4]`` holding
+    ``w ^ 0x80`` (K padded to 4); wint4 uint8 ``[N16, K/2, 16]`` (the
+    contract's bytes) and scales ``[N16, G, 16]``. Returns (weight, scales)."""
+    n = qweight.shape[0]
+    nb = -(-n // 16)
+    if method == "wint4":
+        kh, groups = qweight.shape[1], scales.reshape(n, -1).shape[1]
+        w = np.zeros((nb * 16, kh), np.uint8)
+        w[:n] = qweight.view(np.uint8)
+        s = np.zeros((nb * 16, groups), np.float32)
+        s[:n] = scales.reshape(n, groups)
+        return (np.ascontiguousarray(w.reshape(nb, 16, kh).transpose(0, 2, 1)),
+                np.ascontiguousarray(s.reshape(nb, 16, groups).transpose(0, 2, 1)))
+    k = qweight.shape[1]
+    if method == "wint8":
+        w = np.zeros((nb * 16, k), np.int8)
+        w[:n] = qweight.view(np.int8)
+        return np.ascontiguousarray(w.reshape(nb, 16, k).transpose(0, 2, 1)), scales
+    k4 = -(-k // 4)
+    w = np.zeros((nb * 16, k4 * 4), np.int8)
+    w[:n, :k] = qweight.view(np.int8)
+    w = w.view(np.uint8) ^ np.uint8(0x80)
+    return np.ascontiguousarray(w.reshape(nb, 16, k4, 4).transpose(0, 2, 1, 3)), scales
+
+
+@functools.lru_cache(maxsize=1)
+def _has_vnni() -> bool:
+    from fd_x86.cpu import AVX512_VNNI_FLAGS, cpu_features
+
+    return cpu_features().has(*AVX512_VNNI_FLAGS)
+
+
+def _use_packed(isa: str) -> bool:
+    return isa != "avx2" and os.environ.get("FD_X86_REPACK") != "0" and _has_vnni()
+
+
+def _packed(quant: Any) -> tuple[Any, Any] | None:
+    """(packed weight, its scales) as paddle tensors, cached on ``quant``;
+    None where this weight is not packed (not 2-D, or ``quant`` takes no
+    attributes): the contract-layout kernels answer then."""
+    import paddle
+
+    if len(quant.qweight.shape) != 2:
+        return None
+    cache = getattr(quant, "backend_cache", None)
+    if cache is None:
+        cache = {}
+        try:
+            quant.backend_cache = cache
+        except (AttributeError, TypeError):  # frozen / slotted: repacking per call would cost more
+            return None
+    entry = cache.get("x86")
+    if entry is not None and entry[0] is quant.qweight and entry[1] is quant.scales:
+        return entry[2], entry[3]
+    w, s = pack_weight(quant.method, quant.qweight.numpy(), quant.scales.numpy())
+    packed_w, packed_s = paddle.to_tensor(w), paddle.to_tensor(np.ascontiguousarray(s, dtype=np.float32))
+    cache["x86"] = (quant.qweight, quant.scales, packed_w, packed_s)
+    return packed_w, packed_s
 
 
 def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None = None) -> Any:
@@ -35,24 +116,32 @@ def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None 
         raise ValueError(f"isa must be one of {sorted(ISAS)}, got {isa!r}")
     ops = load_ops()
     d_in, d_out = quant.in_features, quant.out_features
-    if x.shape[-1] != d_in:
-        raise ValueError(f"{quant.method} linear: x has {x.shape[-1]} input features, the weight {d_in}")
-    lead = list(x.shape[:-1])
-    x2 = x.reshape([-1, d_in])
+    shape = x.shape
+    if shape[-1] != d_in:
+        raise ValueError(f"{quant.method} linear: x has {shape[-1]} input features, the weight {d_in}")
+    # a decode step makes ~70 of these calls: no reshapes / casts / copies when x
+    # is already contiguous fp32 [M, in] (paddle's Python-side ops cost ~3 us each)
+    x2 = x if len(shape) == 2 else x.reshape([-1, d_in])
     if x2.dtype != paddle.float32:
         x2 = x2.astype("float32")
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     nthreads = threads or num_threads()
-    qweight, scales = quant.qweight, quant.scales
-    if quant.method == "wint8":
-        out = ops.fd_x86_wint8_linear(x2, qweight, scales, ISAS[isa], nthreads)
-    elif quant.method == "w8a8":
-        out = ops.fd_x86_w8a8_linear(x2, qweight, scales, ISAS[isa], nthreads)
+    group = quant.group_size if quant.group_size and quant.group_size > 0 else -1
+    use_packed = _use_packed(isa) and (quant.method != "wint8" or x2.shape[0] <= WINT8_PACKED_MAX_ROWS)
+    packed = _packed(quant) if use_packed else None
+    if packed is not None:
+        out = ops.fd_x86_packed_linear(x2, packed[0], packed[1], _PACKED_METHOD[quant.method], d_out, group, nthreads)
     else:
-        group = quant.group_size if quant.group_size and quant.group_size > 0 else -1
-        out = ops.fd_x86_wint4_linear(x2, qweight, scales, ISAS[isa], nthreads, group)
-    if out.shape[-1] != d_out:
-        raise ValueError(f"{quant.method} linear: qweight has {out.shape[-1]} output channels, expected {d_out}")
-    out = out.reshape(lead + [d_out])
+        if quant.method == "wint8":
+            out = ops.fd_x86_wint8_linear(x2, quant.qweight, quant.scales, ISAS[isa], nthreads)
+        elif quant.method == "w8a8":
+            out = ops.fd_x86_w8a8_linear(x2, quant.qweight, quant.scales, ISAS[isa], nthreads)
+        else:
+            out = ops.fd_x86_wint4_linear(x2, quant.qweight, quant.scales, ISAS[isa], nthreads, group)
+        if out.shape[-1] != d_out:
+            raise ValueError(
+                f"{quant.method} linear: qweight has {out.shape[-1]} output channels, expected {d_out}")
+    if len(shape) != 2:
+        out = out.reshape(list(shape[:-1]) + [d_out])
     return out if out.dtype == x.dtype else out.astype(x.dtype)

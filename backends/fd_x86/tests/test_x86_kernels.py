@@ -9,10 +9,13 @@ from x86_contract import linear, quantize, to_paddle
 
 paddle = pytest.importorskip("paddle")
 
+_NO_VNNI = pytest.mark.skipif(not cpu_features().has(*AVX512_VNNI_FLAGS), reason="no AVX-512 VNNI on this CPU")
+# "avx512" runs the kernels on the repacked weight (the default there),
+# "avx512-contract" the AVX-512 kernels on the contract layout (FD_X86_REPACK=0)
 ISAS = [
     pytest.param("avx2", marks=pytest.mark.skipif(not cpu_features().has(*AVX2_FLAGS), reason="no AVX2+FMA")),
-    pytest.param("avx512", marks=pytest.mark.skipif(
-        not cpu_features().has(*AVX512_VNNI_FLAGS), reason="no AVX-512 VNNI on this CPU")),
+    pytest.param("avx512", marks=_NO_VNNI),
+    pytest.param("avx512-contract", marks=_NO_VNNI),
 ]
 ROWS = (1, 3, 8, 13, 32)
 # (in, out, wint4 group): tails in K (not a multiple of 16/64) and in N (not of 4/32)
@@ -35,13 +38,23 @@ def _inputs(rows: int, d_in: int, d_out: int, seed: int) -> tuple[np.ndarray, np
     return x, w
 
 
+def _isa(isa: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    if isa == "avx512-contract":
+        monkeypatch.setenv("FD_X86_REPACK", "0")
+        return "avx512"
+    monkeypatch.delenv("FD_X86_REPACK", raising=False)
+    return isa
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("method", ["wint8", "wint4", "w8a8"])
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("d_in,d_out,group", SHAPES)
-def test_op_matches_contract(ops, isa: str, method: str, rows: int, d_in: int, d_out: int, group: int) -> None:
+def test_op_matches_contract(ops, isa: str, method: str, rows: int, d_in: int, d_out: int, group: int,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
     from fd_x86.linear import quantized_linear
 
+    isa = _isa(isa, monkeypatch)
     x, w = _inputs(rows, d_in, d_out, seed=rows * 7919 + d_in)
     q = quantize(method, w, group_size=group)
     want = linear(x, q)
@@ -55,9 +68,10 @@ def test_op_matches_contract(ops, isa: str, method: str, rows: int, d_in: int, d
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_w8a8_rounds_half_to_even(ops, isa: str) -> None:
+def test_w8a8_rounds_half_to_even(ops, isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from fd_x86.linear import quantized_linear
 
+    isa = _isa(isa, monkeypatch)
     # s_t = 127 / 127 = 1, so x / s_t is exactly x: ties at 0.5, 1.5, 2.5, -0.5, -2.5
     x = np.zeros((1, 70), np.float32)
     x[0, :6] = [127.0, 0.5, 1.5, 2.5, -0.5, -2.5]
@@ -100,3 +114,64 @@ def test_bad_inputs_raise_with_shapes(ops) -> None:
     q.scales = paddle.ones([7])
     with pytest.raises(Exception, match="scales must have N = 8"):
         quantized_linear(paddle.ones([2, 64]), q)
+
+
+@_NO_VNNI
+@pytest.mark.parametrize("method", ["wint8", "wint4", "w8a8"])
+def test_packed_equals_contract_kernels(ops, method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The repacked path and the contract-layout path agree (w8a8 bit for bit:
+    the same int32 sums and products), across row tiles and an N tail."""
+    import fd_x86.linear
+    from fd_x86.linear import quantized_linear
+
+    monkeypatch.setattr(fd_x86.linear, "WINT8_PACKED_MAX_ROWS", 1 << 30)  # every packed row tile
+    x, w = _inputs(37, 384, 200, seed=5)
+    q = to_paddle(quantize(method, w, group_size=64))
+    monkeypatch.setenv("FD_X86_REPACK", "0")
+    want = quantized_linear(paddle.to_tensor(x), q, isa="avx512", threads=2).numpy()
+    monkeypatch.delenv("FD_X86_REPACK")
+    got = quantized_linear(paddle.to_tensor(x), q, isa="avx512", threads=2).numpy()
+    if method == "w8a8":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@_NO_VNNI
+def test_packed_weight_is_cached_and_follows_replacement(ops, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fd_x86.linear as lin
+
+    monkeypatch.delenv("FD_X86_REPACK", raising=False)
+    packs = []
+    real = lin.pack_weight
+    monkeypatch.setattr(lin, "pack_weight", lambda *a: packs.append(1) or real(*a))
+    rng = np.random.default_rng(9)
+    x = paddle.to_tensor(rng.normal(0, 1, (2, 64)).astype(np.float32))
+    q = to_paddle(quantize("wint8", rng.normal(0, 0.1, (64, 24)).astype(np.float32)))
+    first = lin.quantized_linear(x, q).numpy()
+    lin.quantized_linear(x, q)
+    assert len(packs) == 1 and "x86" in q.backend_cache
+    q2 = quantize("wint8", rng.normal(0, 0.1, (64, 24)).astype(np.float32))
+    q.qweight, q.scales = paddle.to_tensor(q2["qweight"]), paddle.to_tensor(q2["scales"])  # a reload
+    got = lin.quantized_linear(x, q).numpy()
+    assert len(packs) == 2
+    np.testing.assert_allclose(got, linear(x.numpy(), q2), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(got, first)
+
+
+def test_pack_weight_layouts() -> None:
+    from fd_x86.linear import pack_weight
+
+    rng = np.random.default_rng(2)
+    q8 = rng.integers(-127, 128, (20, 6), dtype=np.int8)
+    s8 = rng.random(20, dtype=np.float32)
+    w, s = pack_weight("wint8", q8, s8)
+    assert w.shape == (2, 6, 16) and w[1, 3, 2] == q8[18, 3] and w[1, 3, 5] == 0 and s is s8
+    w, _ = pack_weight("w8a8", q8, s8)  # K padded to 8, w ^ 0x80 (0 -> 128)
+    assert w.shape == (2, 2, 16, 4) and w.dtype == np.uint8
+    assert w[1, 1, 2, 1] == (int(q8[18, 5]) + 128) and w[1, 1, 2, 2] == 128 and w[1, 0, 9, 0] == 128
+    q4 = rng.integers(0, 256, (20, 4), dtype=np.uint8)
+    s4 = rng.random((20, 2), dtype=np.float32)
+    w, s = pack_weight("wint4", q4, s4)
+    assert w.shape == (2, 4, 16) and w[1, 2, 3] == q4[19, 2] and w[1, 2, 4] == 0
+    assert s.shape == (2, 2, 16) and s[1, 1, 3] == s4[19, 1] and s[1, 1, 4] == 0

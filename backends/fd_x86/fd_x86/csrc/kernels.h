@@ -50,6 +50,12 @@ void wint8_avx512(const LinearArgs& a);
 void wint4_avx512(const LinearArgs& a);
 void w8a8_avx512_vnni(const LinearArgs& a);
 
+// The same on the packed layouts (kernels_avx512.cc): a.w is the packed
+// weight; wint4's a.scales are packed [N16][G][16], the others' stay [N].
+void wint8_packed_avx512(const LinearArgs& a);
+void wint4_packed_avx512(const LinearArgs& a);
+void w8a8_packed_avx512_vnni(const LinearArgs& a);
+
 void wint8_avx2(const LinearArgs& a);
 void wint4_avx2(const LinearArgs& a);
 void w8a8_avx2(const LinearArgs& a);

@@ -194,6 +194,245 @@ struct W8A8 {
   }
 };
 
+
+// ============================================================ packed layouts
+// One-time repacks of the contract weights (fd_x86/linear.py, cached on the
+// QuantizedWeight) into blocks of 16 output channels, so a zmm holds one
+// value per channel and the inner loop is broadcast(x) x packed weights:
+// no horizontal sums, W read as NB sequential streams.
+//   wint8: int8  [N16][K][16]                  (channels past N are 0)
+//   wint4: uint8 [N16][K/2][16] (the contract's bytes), scales [N16][G][16]
+//   w8a8:  uint8 [N16][K4][16][4] = w ^ 0x80  (K padded to 4 with w = 0)
+// Work items: kBlocks blocks (32 channels); register tiles MB rows x NB blocks.
+
+inline int32_t load_i32(const void* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return v;
+}
+
+template <class Kern, int NB, int R>
+inline void packed_rows_tail(const LinearArgs& a, int64_t m, int64_t rest, int64_t nb0) {
+  if constexpr (R > 0) {
+    if (rest == R) Kern::template tile<R, NB>(a, m, nb0);
+    else packed_rows_tail<Kern, NB, R - 1>(a, m, rest, nb0);
+  }
+}
+
+template <class Kern, int NB>
+inline void packed_rows(const LinearArgs& a, int64_t m0, int64_t m1, int64_t nb0) {
+  int64_t m = m0;
+  for (; m + Kern::kMaxRows <= m1; m += Kern::kMaxRows) Kern::template tile<Kern::kMaxRows, NB>(a, m, nb0);
+  if (m < m1) packed_rows_tail<Kern, NB, Kern::kMaxRows - 1>(a, m, m1 - m, nb0);
+}
+
+template <class Kern, int NB>
+inline void packed_blocks(const LinearArgs& a, int64_t m0, int64_t m1, int64_t nb0, int64_t nb) {
+  if constexpr (NB > 0) {
+    if (nb == NB) packed_rows<Kern, NB>(a, m0, m1, nb0);
+    else packed_blocks<Kern, NB - 1>(a, m0, m1, nb0, nb);
+  }
+}
+
+// Work items of Kern::kBlocks 16-channel blocks, over the threads
+template <class Kern>
+void drive_packed(const LinearArgs& a) {
+  constexpr int64_t kBlocks = Kern::kBlocks;
+  const int64_t blocks = (a.N + 15) / 16;
+  const int64_t chunks = (blocks + kBlocks - 1) / kBlocks;
+  const bool parallel = a.threads > 1 && chunks > 1 && a.M * a.N * a.K >= kMinParallelMacs;
+#pragma omp parallel for schedule(static) num_threads(a.threads) if (parallel)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t nb0 = c * kBlocks, nb = min64(kBlocks, blocks - nb0);
+    for (int64_t m0 = 0; m0 < a.M; m0 += kRowChunk)
+      packed_blocks<Kern, Kern::kBlocks>(a, m0, min64(m0 + kRowChunk, a.M), nb0, nb);
+  }
+}
+
+// y[m + i, 16 (nb0 + j) ...] = v, masked at N
+inline void store16(const LinearArgs& a, int64_t row, int64_t block, __m512 v) {
+  const int64_t n = block * 16;
+  _mm512_mask_storeu_ps(a.out + row * a.N + n, mask16(a.N - n), v);
+}
+
+struct Wint8Packed {
+  static constexpr int kMaxRows = 8;
+  static constexpr int kBlocks = 2;
+
+  template <int MB, int NB>
+  static inline void tile(const LinearArgs& a, int64_t m, int64_t nb0) {
+    // few rows: U independent accumulator sets along k hide the FMA latency
+    constexpr int U = MB == 1 ? 4 : (MB == 2 ? 2 : 1);
+    const int64_t K = a.K;
+    const int8_t* w = static_cast<const int8_t*>(a.w) + nb0 * K * 16;
+    const float* x = a.x + m * K;
+    __m512 acc[U][MB][NB];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u)
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) acc[u][i][j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + U <= K; k += U) {
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (j * K + k + u) * 16))));
+#pragma GCC unroll 8
+          for (int i = 0; i < MB; ++i)
+            acc[u][i][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * K + k + u]), wv, acc[u][i][j]);
+        }
+      }
+    }
+    for (; k < K; ++k) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (j * K + k) * 16))));
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) acc[0][i][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * K + k]), wv, acc[0][i][j]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      const int64_t n = (nb0 + j) * 16;
+      const __m512 sc = _mm512_maskz_loadu_ps(mask16(a.N - n), a.scales + n);
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) {
+        __m512 s = acc[0][i][j];
+#pragma GCC unroll 4
+        for (int u = 1; u < U; ++u) s = _mm512_add_ps(s, acc[u][i][j]);
+        store16(a, m + i, nb0 + j, _mm512_mul_ps(s, sc));
+      }
+    }
+  }
+};
+
+// Per group: the integer nibbles times x accumulate in fp32, then one FMA
+// with the group's 16 channel scales. Up to 2 rows keep the low and high
+// nibbles' sums apart (more FMA chains in flight); more rows share one.
+struct Wint4Packed {
+  static constexpr int kMaxRows = 6;
+  static constexpr int kBlocks = 2;
+
+  template <int MB, int NB>
+  static inline void tile(const LinearArgs& a, int64_t m, int64_t nb0) {
+    constexpr int H = MB <= 2 ? 2 : 1;  // group accumulator sets
+    const int64_t K = a.K, Kh = K / 2, gh = a.group_size / 2, G = a.groups;
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + nb0 * Kh * 16;
+    const float* sp = a.scales + nb0 * G * 16;
+    const float* x = a.x + m * K;
+    __m512 acc[MB][NB];
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t b1 = min64((g + 1) * gh, Kh);
+      __m512 gacc[H][MB][NB];
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h)
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) gacc[h][i][j] = _mm512_setzero_ps();
+      for (int64_t b = g * gh; b < b1; ++b) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          const __m512i v = _mm512_cvtepi8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (j * Kh + b) * 16)));
+          const __m512 lo = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 28), 28));
+          const __m512 hi = _mm512_cvtepi32_ps(_mm512_srai_epi32(v, 4));
+#pragma GCC unroll 8
+          for (int i = 0; i < MB; ++i) {
+            gacc[0][i][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * K + 2 * b]), lo, gacc[0][i][j]);
+            gacc[H - 1][i][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * K + 2 * b + 1]), hi, gacc[H - 1][i][j]);
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        const __m512 sc = _mm512_loadu_ps(sp + (j * G + g) * 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) {
+          const __m512 sum = H == 2 ? _mm512_add_ps(gacc[0][i][j], gacc[H - 1][i][j]) : gacc[0][i][j];
+          acc[i][j] = _mm512_fmadd_ps(sum, sc, acc[i][j]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j)
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) store16(a, m + i, nb0 + j, acc[i][j]);
+  }
+};
+
+// vpdpbusd(acc, w ^ 0x80 (u8, 16 channels x 4 k), broadcast 4 xq bytes (s8)):
+// 16 channel dot products, no horizontal sum; 128 * sum(xq) is taken off
+// per token as before. The same int32 sums as the contract: exact.
+struct W8A8Packed {
+  static constexpr int kMaxRows = 8;
+  static constexpr int kBlocks = 2;
+
+  template <int MB, int NB>
+  static inline void tile(const LinearArgs& a, int64_t m, int64_t nb0) {
+    const int64_t K4 = (a.K + 3) / 4, ldq = a.ldq;
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + nb0 * K4 * 64;
+    const int8_t* x = a.xq + m * ldq;
+    // one row: two accumulator sets along k hide vpdpbusd's latency
+    constexpr int U = MB == 1 ? 2 : 1;
+    __m512i acc[U][MB][NB];
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u)
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) acc[u][i][j] = _mm512_setzero_si512();
+    int64_t kb = 0;
+    for (; kb + U <= K4; kb += U) {
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) {
+        __m512i wv[NB];
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_si512(w + (j * K4 + kb + u) * 64);
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) {
+          const __m512i xb = _mm512_set1_epi32(load_i32(x + i * ldq + (kb + u) * 4));
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) acc[u][i][j] = _mm512_dpbusd_epi32(acc[u][i][j], wv[j], xb);
+        }
+      }
+    }
+    for (; kb < K4; ++kb) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        const __m512i wv = _mm512_loadu_si512(w + (j * K4 + kb) * 64);
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i)
+          acc[0][i][j] = _mm512_dpbusd_epi32(acc[0][i][j], wv, _mm512_set1_epi32(load_i32(x + i * ldq + kb * 4)));
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      const int64_t n = (nb0 + j) * 16;
+      const __m512 sc = _mm512_maskz_loadu_ps(mask16(a.N - n), a.scales + n);
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) {
+        __m512i s = acc[0][i][j];
+#pragma GCC unroll 4
+        for (int u = 1; u < U; ++u) s = _mm512_add_epi32(s, acc[u][i][j]);
+        s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * a.xsum[m + i]));
+        // (float(dot) * s_t) * scale, two roundings in the contract's order
+        const __m512 y = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a.xscale[m + i])), sc);
+        store16(a, m + i, nb0 + j, y);
+      }
+    }
+  }
+};
+
 }  // namespace
 
 namespace fdx86 {
@@ -230,5 +469,9 @@ void quantize_rows_avx512(const float* x, int64_t M, int64_t K, int8_t* xq, int6
 void wint8_avx512(const LinearArgs& a) { drive<Wint8>(a); }
 void wint4_avx512(const LinearArgs& a) { drive<Wint4>(a); }
 void w8a8_avx512_vnni(const LinearArgs& a) { drive<W8A8>(a); }
+
+void wint8_packed_avx512(const LinearArgs& a) { drive_packed<Wint8Packed>(a); }
+void wint4_packed_avx512(const LinearArgs& a) { drive_packed<Wint4Packed>(a); }
+void w8a8_packed_avx512_vnni(const LinearArgs& a) { drive_packed<W8A8Packed>(a); }
 
 }  // namespace fdx86

@@ -144,6 +144,73 @@ std::vector<paddle::Tensor> W8A8Linear(const paddle::Tensor& x, const paddle::Te
   return {out};
 }
 
+// The AVX-512 kernels on a weight packed by fd_x86.linear (see kernels.h):
+// method 0 = wint8, 1 = wint4, 2 = w8a8; n = output features; group_size as
+// for wint4 (-1 = K). Checks the packed sizes against x's K and n.
+std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::Tensor& packed,
+                                         const paddle::Tensor& scales, int method, int64_t n, int group_size,
+                                         int threads) {
+  const char* op = "fd_x86_packed_linear";
+  PD_CHECK(x.is_cpu() && packed.is_cpu() && scales.is_cpu(), op, ": tensors must be on the CPU");
+  PD_CHECK(x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2, op, ": x must be float32 [M, K]");
+  PD_CHECK(x.is_contiguous() && packed.is_contiguous() && scales.is_contiguous(), op,
+           ": x, packed and scales must be contiguous");
+  PD_CHECK(packed.dtype() == paddle::DataType::INT8 || packed.dtype() == paddle::DataType::UINT8, op,
+           ": packed must be int8 / uint8");
+  PD_CHECK(scales.dtype() == paddle::DataType::FLOAT32, op, ": scales must be float32");
+  PD_CHECK(method >= 0 && method <= 2, op, ": method must be 0, 1 or 2, got ", method);
+  PD_CHECK(cpu_has_avx512_vnni(), op, ": the packed kernels need AVX-512 VNNI");
+  fdx86::LinearArgs a;
+  a.M = x.shape()[0];
+  a.K = x.shape()[1];
+  a.N = n;
+  a.x = x.data<float>();
+  a.w = packed.data();
+  a.scales = scales.data<float>();
+  a.threads = threads < 1 ? 1 : threads;
+  const int64_t n16 = round_up(a.N, 16);
+  int64_t want = n16 * a.K;
+  if (method == 1) {
+    PD_CHECK(a.K % 2 == 0, op, ": wint4 needs an even K");
+    a.group_size = group_size <= 0 ? a.K : group_size;
+    PD_CHECK(a.group_size % 2 == 0, op, ": group_size must be even, got ", group_size);
+    a.groups = (a.K + a.group_size - 1) / a.group_size;
+    want = n16 * a.K / 2;
+    PD_CHECK(scales.numel() == n16 * a.groups, op, ": packed wint4 scales must have ", n16 * a.groups,
+             " values, got ", scales.numel());
+  } else {
+    if (method == 2) want = n16 * round_up(a.K, 4);
+    PD_CHECK(scales.numel() == a.N, op, ": scales must have N = ", a.N, " entries");
+  }
+  PD_CHECK(packed.numel() == want, op, ": packed weight has ", packed.numel(), " bytes, expected ", want,
+           " for K = ", a.K, ", N = ", a.N);
+  paddle::Tensor out = paddle::empty({a.M, a.N}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  a.out = out.data<float>();
+  if (a.M == 0 || a.N == 0) return {out};
+  if (method == 0) {
+    fdx86::wint8_packed_avx512(a);
+  } else if (method == 1) {
+    fdx86::wint4_packed_avx512(a);
+  } else {
+    a.ldq = round_up(a.K, 64);
+    std::vector<int8_t> xq(a.M * a.ldq);
+    std::vector<float> xscale(a.M);
+    std::vector<int32_t> xsum(a.M);
+    fdx86::quantize_rows_avx512(a.x, a.M, a.K, xq.data(), a.ldq, xscale.data(), xsum.data(), a.threads);
+    a.xq = xq.data();
+    a.xscale = xscale.data();
+    a.xsum = xsum.data();
+    fdx86::w8a8_packed_avx512_vnni(a);
+  }
+  return {out};
+}
+
+std::vector<std::vector<int64_t>> PackedInferShape(const std::vector<int64_t>& x, const std::vector<int64_t>& w,
+                                                   const std::vector<int64_t>& s, int method, int64_t n,
+                                                   int group_size, int threads) {
+  return {{x[0], n}};
+}
+
 std::vector<std::vector<int64_t>> LinearInferShape(const std::vector<int64_t>& x, const std::vector<int64_t>& w,
                                                    const std::vector<int64_t>& s) {
   return {{x[0], w[0]}};
@@ -176,4 +243,12 @@ PD_BUILD_OP(fd_x86_w8a8_linear)
     .Attrs({"isa: int", "threads: int"})
     .SetKernelFn(PD_KERNEL(W8A8Linear))
     .SetInferShapeFn(PD_INFER_SHAPE(LinearInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(LinearInferDtype));
+
+PD_BUILD_OP(fd_x86_packed_linear)
+    .Inputs({"X", "Packed", "Scales"})
+    .Outputs({"Out"})
+    .Attrs({"method: int", "n: int64_t", "group_size: int", "threads: int"})
+    .SetKernelFn(PD_KERNEL(PackedLinear))
+    .SetInferShapeFn(PD_INFER_SHAPE(PackedInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(LinearInferDtype));
