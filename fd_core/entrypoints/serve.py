@@ -92,7 +92,7 @@ async def _serve(client: Any, ns: argparse.Namespace, server_kwargs: dict[str, A
         servers.append(uvicorn.Server(uvicorn.Config(
             build_metrics_app(app), host=ns.host, port=ns.metrics_port, log_level="warning")))
     for server in servers:
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign,attr-defined]
     exit_code = 0
     stopping = asyncio.Event()
 
