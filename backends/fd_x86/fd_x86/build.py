@@ -89,8 +89,15 @@ def _library() -> Path:
     return build_dir() / NAME / f"{NAME}.so"
 
 
+def _done_marker() -> Path:
+    return build_dir() / "build.done"
+
+
 def is_built() -> bool:
-    return _library().exists()
+    """True once a build finished. The marker, not the ``.so``, decides: a
+    library that another process is still linking already exists, half
+    written (seen as "file too short" under pytest-xdist)."""
+    return _done_marker().exists() and _library().exists()
 
 
 def _import_cached(directory: Path) -> ModuleType:
@@ -129,7 +136,12 @@ def _load() -> ModuleType:
         try:
             if is_built():
                 return _import_cached(directory / NAME)
-            return _compile(directory)
+            # no marker: nothing here is trusted (an interrupted build leaves
+            # a partial library that paddle's loader would take as current)
+            shutil.rmtree(directory / NAME, ignore_errors=True)
+            module = _compile(directory)
+            _done_marker().write_text(str(_library()))
+            return module
         except Exception as exc:
             raise BuildError(
                 f"building fd_x86's kernels in {directory} failed: {type(exc).__name__}: {exc}; "
