@@ -100,6 +100,7 @@ class EngineCore:
             max_model_len=args.max_model_len, num_host_blocks=num_host_blocks,
             quantization=self.quantization,
         )
+        self.runner.warmup()
         self.sampler = Sampler(self.backend.ops, model_config.vocab_size)
         self._states: dict[str, SamplingState] = {}
         self._prompt_logprobs: dict[str, list[PositionLogprobs | None]] = {}

@@ -88,6 +88,15 @@ class ModelRunner:
             for _ in range(c.num_layers)
         ] if num_host_blocks else []
 
+    def warmup(self) -> None:
+        """One small prefill and one decode through the reserved null block 0
+        (never read for real requests), so the first request does not pay
+        for first-use costs (BLAS initialisation, allocator growth, lazily
+        built kernels)."""
+        n = max(1, min(self.block_size, 16, self.max_model_len - 1))
+        self.execute(StepInput([[0] * n], [n], [[0]], 0, [True]))
+        self.execute(StepInput([[0]], [n], [[0]], 1, [True]))
+
     def apply_swaps(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Copy (device -> host) blocks, then (host -> device) blocks, every layer."""
         for pairs, outgoing in ((swap_out, True), (swap_in, False)):
