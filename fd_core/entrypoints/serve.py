@@ -41,6 +41,7 @@ def run_server(ns: argparse.Namespace) -> int:
         engine_args = engine_args_from(ns)
         server_kwargs = server_kwargs_from(ns)
         _check_parsers(ns)
+        _check_backend(ns.backend)
     except UnsupportedFeatureError as exc:
         return _fail(str(exc), 2)
     except (ValueError, TypeError) as exc:
@@ -67,6 +68,20 @@ def run_server(ns: argparse.Namespace) -> int:
     finally:
         if client.process.is_alive():
             client.process.kill()
+
+
+def _check_backend(name: str) -> None:
+    """A named backend must be installed, importable and usable here (a bad
+    --backend is a flag error, not an engine start-up failure)."""
+    if name == "auto":
+        return
+    from fd_core.backends import BackendSelectionError, get_backend
+    from fd_core.plugins.manager import PluginLoadError
+
+    try:
+        get_backend(name)
+    except (BackendSelectionError, PluginLoadError) as exc:
+        raise ValueError(f"--backend {name}: {exc}") from None
 
 
 def _check_parsers(ns: argparse.Namespace) -> None:

@@ -38,6 +38,9 @@ def _number(name: str, value: Any, ok: bool, expected: str) -> float:
     return float(value)
 
 
+MAX_N = 128  # samples per request; each is a full request in the engine
+
+
 def _int(name: str, value: Any, minimum: int | None, expected: str) -> int:
     if not _is_int(value) or (minimum is not None and value < minimum):
         raise ValueError(f"{name} must be {expected}, got {value!r}")
@@ -118,6 +121,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
         set_(self, "n", _int("n", self.n, 1, "an integer >= 1"))
+        if self.n > MAX_N:
+            raise ValueError(f"n must be <= {MAX_N} (samples per request), got {self.n}")
         t = self.temperature
         set_(self, "temperature", _number("temperature", t, _is_number(t) and t >= 0,
                                           "a finite number >= 0"))

@@ -162,6 +162,14 @@ def test_unsupported_flag_fails_at_startup(tmp_path, checkpoint_factory):
     srv.stop()
 
 
+def test_bad_backend_fails_at_startup(tmp_path, checkpoint_factory):
+    model = checkpoint_factory("tiny-dense", "pytorch")
+    srv = Server(["--model", str(model), "--backend", "nope"], tmp_path / "log")
+    assert srv.proc.wait(timeout=60) == 2
+    assert "--backend nope: unknown backend 'nope'; installed:" in srv.output()
+    srv.stop()
+
+
 def test_bad_model_fails_at_startup(tmp_path):
     srv = Server(["--model", str(tmp_path / "nowhere")], tmp_path / "log")
     assert srv.proc.wait(timeout=60) == 2

@@ -123,3 +123,11 @@ def test_importing_params_pulls_in_neither_paddle_nor_numpy():
             "bad = [m for m in sys.modules if m.split('.')[0] in ('paddle', 'numpy')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_n_has_an_upper_bound():
+    from fd_core.sampling.params import MAX_N
+
+    assert SamplingParams(n=MAX_N).n == MAX_N
+    with pytest.raises(ValueError, match=rf"n must be <= {MAX_N} \(samples per request\), got 1000000"):
+        SamplingParams(n=1_000_000)

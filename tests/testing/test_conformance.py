@@ -177,3 +177,14 @@ def test_wrong_kernel_fails_the_suite_and_is_named(workdir: Path, site: Path) ->
                      r".*max abs err .* max rel err", result.stdout), output
     assert re.search(r"implemented by the backend: +rms_norm$", result.stdout, re.M), output
     assert re.search(r"^  silu_and_mul: +reference fallback$", result.stdout, re.M), output
+
+
+def test_wrong_kernel_fails_the_model_level_cases(workdir: Path, site: Path) -> None:
+    _install_backend(site, "broken", _DEVICE_HOOKS.format(
+        name="broken", availability="Availability.ok()") + _BROKEN_RMS_NORM)
+    result = _run_suite(workdir, "--fd-backend", "broken", "-k", "tiny_model", site=site)
+    output = result.stdout + result.stderr
+    assert result.returncode == pytest.ExitCode.TESTS_FAILED, output
+    failed = re.findall(r"^FAILED \S+::(\w+)\[?", result.stdout, re.M)
+    assert set(failed) == {"test_tiny_model_greedy_tokens_and_logprobs"}, output
+    assert "diverge from the reference (backend 'broken')" in result.stdout or "logprobs differ" in result.stdout, output
