@@ -1,6 +1,7 @@
 """Decode-step latency of the CPU backend against the matmul-only ceiling.
 
-Builds a ``ModelRunner`` on the CPU backend over a random-weight checkpoint of
+Builds a ``ModelRunner`` on ``--backend`` (default ``auto``: what fd-serve
+picks, fd_x86 when installed, else the CPU reference) over a random-weight checkpoint of
 the ERNIE-4.5-0.3B shape (generated once under ``checkpoints/``), prefills B
 prompts of ``--prompt-len`` tokens, then times decode steps at each batch
 size. In the same run it times the "matmul-only ceiling": just the matmuls of
@@ -9,8 +10,10 @@ weights of the same shapes, ``x [B, in] @ W [in, out]`` in paddle. It prints
 step ms, ceiling ms, their ratio, a breakdown of the step by op family (from
 timers around every backend op) and the sampler's time.
 
-    python benchmarks/decode_step.py                 # B = 1, 8, 32
+    python benchmarks/decode_step.py                 # B = 1, 8, 32, backend auto (x86 when installed)
+    python benchmarks/decode_step.py --backend cpu   # the reference backend
     python benchmarks/decode_step.py --batch 8 --steps 20 --no-breakdown
+    python benchmarks/decode_step.py --quantization wint8  # ratio to the same fp32 ceiling
 
 Timings on a shared machine are noisy: every number is the median of
 ``--repeats`` runs of ``--steps`` steps, and step and ceiling runs alternate.
@@ -35,6 +38,7 @@ from fd_core._paddle import import_paddle  # noqa: E402
 from fd_core.backends.registry import get_backend  # noqa: E402
 from fd_core.engine.model_runner import ModelRunner, StepInput  # noqa: E402
 from fd_core.ops import attention as attention_ops  # noqa: E402
+from fd_core.quantization import parse_quantization  # noqa: E402
 from fd_core.sampling.params import SamplingParams  # noqa: E402
 from fd_core.sampling.sampler import Sampler, SamplingState  # noqa: E402
 from fd_core.testing.checkpoints import generate_checkpoint  # noqa: E402
@@ -128,8 +132,10 @@ class OpTimers:
             out = fn(*args, **kwargs)
             family = self.FAMILIES.get(name, name)
             if name == "linear":
-                weight = args[1] if len(args) > 1 else kwargs["weight"]
-                family = "lm_head" if self.vocab_size in weight.shape else "matmuls"
+                weight = args[1] if len(args) > 1 else kwargs.get("weight")
+                quant = args[3] if len(args) > 3 else kwargs.get("quant")
+                out_features = quant.out_features if weight is None else weight.shape[-1]
+                family = "lm_head" if out_features == self.vocab_size else "matmuls"
             self.totals[family] += time.perf_counter() - start
             return out
         return timed
@@ -176,15 +182,21 @@ def main() -> None:
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--no-sampler", action="store_true")
     parser.add_argument("--no-ceiling", action="store_true")
+    parser.add_argument("--backend", default="auto", help="cpu, x86, ... or auto (default)")
+    parser.add_argument("--quantization", default=None, help="wint8, wint4, w8a8 or FastDeploy's JSON form")
     args = parser.parse_args()
 
-    backend = get_backend("cpu")
+    backend = get_backend(args.backend)
+    quantization = parse_quantization(args.quantization)
     max_len = args.prompt_len + args.steps + 2
     blocks_per_req = -(-max_len // BLOCK_SIZE)
     num_blocks = 1 + blocks_per_req * sum(args.batch)
     start = time.perf_counter()
-    runner = ModelRunner(checkpoint(), backend, num_blocks=num_blocks, block_size=BLOCK_SIZE, max_model_len=4096)
-    print(f"loaded in {time.perf_counter() - start:.1f} s; paddle threads: "
+    runner = ModelRunner(checkpoint(), backend, num_blocks=num_blocks, block_size=BLOCK_SIZE, max_model_len=4096,
+                         quantization=quantization)
+    runner.warmup()
+    print(f"backend {backend.name}, {quantization.describe() if quantization else 'fp32'}; "
+          f"loaded in {time.perf_counter() - start:.1f} s; paddle threads: "
           f"{paddle.base.core.get_num_threads() if hasattr(paddle.base.core, 'get_num_threads') else '?'}",
           flush=True)
     ceiling = None if args.no_ceiling else MatmulCeiling(runner.config)

@@ -23,6 +23,7 @@ from fd_core.layers.basic import Linear, RMSNorm
 from fd_core.layers.mlp import GatedMLP, MoE
 from fd_core.layers.param import Param
 from fd_core.models.config import ModelConfig
+from fd_core.ops._host import as_array, on_host
 from fd_core.ops.rope import rope_cos_sin
 
 __all__ = ["Ernie4_5ForCausalLM", "Target"]
@@ -77,9 +78,12 @@ class Ernie4_5ForCausalLM:
 
         ``quantization`` is a ``fd_core.quantization.QuantizationConfig``. The
         decoder layers' linear layers (qkv, o, dense MLPs, shared experts) take
-        its dense method and routed experts its MoE method; embeddings, norms,
-        the router gate and the LM head stay fp32, as in FastDeploy.
+        its dense method, routed experts its MoE method and the LM head its
+        LM-head method (None: fp32); embeddings, norms and the router gate
+        stay fp32. A tied LM head is quantized from the embeddings after loading.
         """
+        if quantization.lm_head_method:
+            self.lm_head.use_quantization(quantization.lm_head_method, quantization.group_size, "lm_head")
         for i, layer in enumerate(self.layers):
             p = f"layers.{i}."
             dense = {"self_attn.qkv_proj": layer.self_attn.qkv_proj, "self_attn.o_proj": layer.self_attn.o_proj}
@@ -110,7 +114,14 @@ class Ernie4_5ForCausalLM:
 
     def finish_loading(self) -> None:
         """Called by the loader after every parameter is filled."""
-        if self.config.tie_word_embeddings:
+        if not self.config.tie_word_embeddings:
+            return
+        if self.lm_head.quant is None and hasattr(self.lm_head.weight, "method"):
+            # quantized head: the table [V, D] is already [out, in]; no fp32 copy
+            embed = self.embed_tokens.data
+            table = as_array(embed) if on_host(embed) else embed.numpy()
+            self.lm_head.weight.set(table.T)
+        else:
             self.lm_head.weight.set(self.embed_tokens.data.t().contiguous())
 
     def forward(self, input_ids: Any, meta: Any, caches: list[KVCache], logits_indices: Any) -> Any:

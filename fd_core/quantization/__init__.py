@@ -30,8 +30,9 @@ Layouts (``QuantizedWeight.qweight`` / ``.scales``; details in ``wint``):
 
 What is quantized in a model: every linear layer of the decoder layers
 (qkv, o, dense MLPs, shared experts) with the dense method, routed experts
-with the MoE method; embeddings, norms, the MoE router gate and the LM head
-stay float32 (as in FastDeploy). Plain ``wint4`` on ERNIE keeps the dense
+with the MoE method, the LM head with the LM-head method (wint8 by default,
+w8a8 under w8a8; ``lm_head_quant_type: none`` keeps it float as FastDeploy
+does); embeddings, norms and the MoE router gate stay float32. Plain ``wint4`` on ERNIE keeps the dense
 layers at wint8 and quantizes routed experts to wint4, as FastDeploy does.
 """
 

@@ -25,6 +25,28 @@ def test_forms(value, method, dense, moe, group):
     assert (config.method, config.dense_method, config.moe_method, config.group_size) == (method, dense, moe, group)
 
 
+@pytest.mark.parametrize("value,head", [
+    ("wint8", "wint8"), ("wint4", "wint8"), ("w8a8", "w8a8"),
+    ({"quantization": "w8a8", "lm_head_quant_type": "wint8"}, "wint8"),
+    ({"quantization": "wint8", "lm_head_quant_type": "none"}, None),
+    ({"quantization": "mix_quant", "dense_quant_type": "wint4", "moe_quant_type": "wint4",
+      "lm_head_quant_type": "wint4"}, "wint4"),
+])
+def test_lm_head_method(value, head):
+    config = parse_quantization(value, "Ernie4_5ForCausalLM")
+    assert config.lm_head_method == head
+    assert (head or "float") in config.describe()
+    if head:
+        assert head in config.methods(has_experts=False)
+
+
+def test_bad_lm_head_method_is_named():
+    with pytest.raises(ValueError, match="lm_head_quant_type must be a method name, got 3"):
+        parse_quantization({"quantization": "wint8", "lm_head_quant_type": 3})
+    with pytest.raises(ValueError, match="unknown method 'int3'"):
+        parse_quantization({"quantization": "wint8", "lm_head_quant_type": "int3"})
+
+
 @pytest.mark.parametrize("value", [None, "", "none"])
 def test_unquantized(value):
     assert parse_quantization(value) is None
@@ -108,7 +130,7 @@ def test_plugins_can_add_methods(monkeypatch):
     monkeypatch.setattr(registry, "_entries", dict(registry._entries))
     registry.register("myint8", QuantMethod("myint8", "a plugin's int8", WINT8.quantize, WINT8.linear))
     registry.register("myfp6", QuantMethod("myfp6", "not yet", refused="myfp6 is still being written"))
-    assert parse_quantization("myint8") == QuantizationConfig("myint8", "myint8", "myint8")
+    assert parse_quantization("myint8") == QuantizationConfig("myint8", "myint8", "myint8", lm_head_method="myint8")
     assert "myint8" in registry.names(implemented=True)
     with pytest.raises(UnsupportedFeatureError, match="myfp6 is still being written"):
         parse_quantization("myfp6")

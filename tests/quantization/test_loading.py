@@ -54,8 +54,40 @@ def test_loading_quantizes_each_weight_like_quantize_weight(cpu_backend, checkpo
             np.testing.assert_array_equal(scales.numpy(), want.scales.numpy(), err_msg=name)
         checked += 1
     assert checked >= 4
-    assert quant.lm_head.quant is None  # the LM head stays fp32, as in FastDeploy
+    # the LM head (tied or not) takes the LM-head method, from the same fp32 matrix
+    head = quant.lm_head.quant
+    assert head is not None and head.method == resolved.lm_head_method == (
+        "w8a8" if resolved.dense_method == "w8a8" else "wint8")
+    want = quantize_weight(head.method, fp32.lm_head.weight.data.numpy(), resolved.group_size)
+    np.testing.assert_array_equal(head.qweight.numpy(), want.qweight.numpy())
+    np.testing.assert_array_equal(head.scales.numpy(), want.scales.numpy())
     assert quant.weight_bytes() < fp32.weight_bytes() == quant.weight_bytes(as_fp32=True)
+
+
+@pytest.mark.parametrize("naming", ["paddle", "pytorch"])
+def test_lm_head_quant_type_none_keeps_the_head_fp32(cpu_backend, checkpoint_factory, naming):
+    model_dir = checkpoint_factory("tiny-dense", naming)
+    fp32 = load_model(model_dir, cpu_backend.ops)
+    quant = load_model(model_dir, cpu_backend.ops,
+                       quantization=parse_quantization({"quantization": "wint8", "lm_head_quant_type": "none"}))
+    assert quant.lm_head.quant is None
+    np.testing.assert_array_equal(quant.lm_head.weight.data.numpy(), fp32.lm_head.weight.data.numpy())
+    assert quant.layers[0].self_attn.qkv_proj.quant is not None
+
+
+def test_big_matrices_quantize_in_slices_to_the_same_codes(monkeypatch):
+    from fd_core.quantization import param as param_module
+
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((64, 200)).astype(np.float32)
+    for method in ("wint8", "w8a8", "wint4"):
+        whole = param_module._quantize_in_slices(method, weight, 32)
+        monkeypatch.setattr(param_module, "_SLICE_ELEMENTS", 64 * 16)  # slices of 16 output channels
+        sliced = param_module._quantize_in_slices(method, weight, 32)
+        monkeypatch.undo()
+        for a, b in zip(whole[:2], sliced[:2]):
+            np.testing.assert_array_equal(a, b)
+        assert whole[2] == sliced[2]
 
 
 def test_moe_layers_hold_stacked_expert_weights(cpu_backend, checkpoint_factory):

@@ -1,9 +1,13 @@
-"""fd-x86: x86 CPUs, with native int8 linear kernels.
+"""fd-x86: x86 CPUs, with native int8 linear kernels and decode ops.
 
-Device hooks are the CPU reference's (same memory, same ``cpu`` place, gloo);
-the one kernel hook is ``fd_linear`` for ``QuantizedWeight``s of wint8, wint4
-and w8a8, answered by paddle custom C++ ops (``fd_x86.linear``). Unquantized
-linears and every other op return None here, so fd-core's reference answers.
+Device hooks are the CPU reference's (same memory, same ``cpu`` place, gloo).
+Kernel hooks answered by paddle custom C++ ops: ``fd_linear`` for
+``QuantizedWeight``s of wint8, wint4 and w8a8 (``fd_x86.linear``), and for
+fp32 CPU tensors ``fd_rms_norm``, ``fd_silu_and_mul``,
+``fd_rotary_embedding``, ``fd_write_kv_cache``, ``fd_decode_attention`` and
+``fd_prefill_attention`` (``fd_x86.ops``). Unquantized linears, MoE,
+sampling, the cache allocation / block copies and any input those ops do not
+take return None here, so fd-core's reference answers.
 
 Importing this module imports neither paddle nor the compiled ops; the ops
 are built on first use (``fd_x86.build``).
@@ -12,6 +16,7 @@ are built on first use (``fd_x86.build``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fd_core.backends import cpu as reference
@@ -36,7 +41,8 @@ def fd_device_info() -> DeviceInfo:
         collective_backend="gloo",
         paddle_package="paddlepaddle (pip install 'fd-core[cpu]')",
         auto_priority=50,  # above the reference (0), below hardware backends (100)
-        description="x86 CPUs: int8 linear kernels (AVX-512 VNNI / AVX2) as paddle custom ops",
+        description=("x86 CPUs: int8 linear kernels (AVX-512 VNNI / AVX2) and fp32 decode ops "
+                     "as paddle custom ops"),
     )
 
 
@@ -57,7 +63,7 @@ def _availability() -> Availability:
             "$CXX); install one (e.g. apt-get install g++), or run python -m fd_x86.build where one is"
         )
     return Availability.ok(f"{reference.num_threads()} threads", *choice.summary, state,
-                           "other ops: fd-core reference")
+                           "other ops (fp32 linears, MoE, sampling): fd-core reference")
 
 
 @hookimpl
@@ -98,3 +104,58 @@ def fd_linear(x: Any, weight: Any, bias: Any, quant: Any) -> Any:
         logger.warning("fd_x86: %s; quantized linears fall back to fd-core's reference", exc)
         return None
     return out if bias is None else out + bias
+
+
+def _native(op: Callable[..., Any], *args: Any) -> Any:
+    """``op(*args)`` (an ``fd_x86.ops`` function), or None when the ops
+    cannot be built here (logged once, as for ``fd_linear``)."""
+    if _build_failed:
+        return None
+    try:
+        return op(*args)
+    except build.BuildError as exc:
+        _build_failed.append(str(exc))
+        logger.warning("fd_x86: %s; the native ops fall back to fd-core's reference", exc)
+        return None
+
+
+@hookimpl
+def fd_rms_norm(x: Any, weight: Any, eps: float, residual: Any) -> Any:
+    from fd_x86 import ops
+
+    return _native(ops.rms_norm, x, weight, eps, residual)
+
+
+@hookimpl
+def fd_silu_and_mul(x: Any) -> Any:
+    from fd_x86 import ops
+
+    return _native(ops.silu_and_mul, x)
+
+
+@hookimpl
+def fd_rotary_embedding(q: Any, k: Any, positions: Any, cos_sin: Any, interleaved: bool) -> Any:
+    from fd_x86 import ops
+
+    return _native(ops.rotary_embedding, q, k, positions, cos_sin, interleaved)
+
+
+@hookimpl
+def fd_write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
+    from fd_x86 import ops
+
+    return _native(ops.write_kv_cache, k, v, k_cache, v_cache, slot_mapping)
+
+
+@hookimpl
+def fd_decode_attention(q: Any, k_cache: Any, v_cache: Any, metadata: Any, scale: float) -> Any:
+    from fd_x86 import ops
+
+    return _native(ops.decode_attention, q, k_cache, v_cache, metadata, scale)
+
+
+@hookimpl
+def fd_prefill_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, metadata: Any, scale: float) -> Any:
+    from fd_x86 import ops
+
+    return _native(ops.prefill_attention, q, k, v, k_cache, v_cache, metadata, scale)

@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 
 NAME = "fd_x86_ops"
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("x86_linear_op.cc", "kernels_avx512.cc", "kernels_avx2.cc")
-HEADERS = ("kernels.h", "tiling.h")
+SOURCES = ("x86_linear_op.cc", "kernels_avx512.cc", "kernels_avx2.cc", "x86_ops.cc", "kernels_ops.cc")
+HEADERS = ("kernels.h", "tiling.h", "ops_kernels.h")
 # No -march=native: each kernel TU targets its ISA with #pragma GCC target
 # and the op dispatches at run time, so the cached .so runs on any x86-64.
 CXXFLAGS = ["-O3", "-std=c++17", "-fopenmp", "-Wall", "-Wno-unused-function"]
@@ -152,7 +152,8 @@ def _load() -> ModuleType:
 
 
 def load_ops() -> ModuleType:
-    """The module with ``fd_x86_{wint8,wint4,w8a8}_linear``; built on first use."""
+    """The module with the ops (``fd_x86_*_linear``, and the decode ops of
+    ``csrc/x86_ops.cc``); built on first use."""
     with _lock:
         return _load()
 

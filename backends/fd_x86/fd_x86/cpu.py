@@ -15,6 +15,9 @@ __all__ = ["CpuFeatures", "KernelChoice", "choose_kernels", "cpu_features"]
 AVX512_VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
 AVX2_FLAGS = ("avx2", "fma")
 AMX_FLAGS = ("amx_tile", "amx_int8")
+# the fp32 ops x86_ops.cc answers (kernels_ops.cc, AVX2 + FMA on either ISA)
+DECODE_OPS = ("fp32 native (avx2): rms_norm (+residual), silu_and_mul, rotary, kv-cache write, "
+              "paged decode and prefill attention")
 
 
 @dataclass(frozen=True)
@@ -65,12 +68,14 @@ def choose_kernels(features: CpuFeatures | None = None) -> KernelChoice:
         return KernelChoice("avx512", (
             f"w8a8: avx512-vnni vpdpbusd on repacked weights, 8x32 tiles ({amx})",
             "wint8/wint4: avx512 fp32 FMA, weights dequantized in registers",
+            DECODE_OPS,
         ))
     if features.has(*AVX2_FLAGS):
         missing = [f for f in AVX512_VNNI_FLAGS if f not in features.flags]
         return KernelChoice("avx2", (
             f"w8a8: avx2 vpmaddubsw (no {', '.join(missing)})",
             "wint8/wint4: avx2 fp32 FMA, weights dequantized in registers",
+            DECODE_OPS,
         ))
     return KernelChoice(None, (), reason=(
         f"this CPU ({features.model or 'unknown'}) has no AVX2+FMA, which fd-x86's kernels need; "

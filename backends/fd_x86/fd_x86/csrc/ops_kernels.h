@@ -1,0 +1,63 @@
+// fd_x86's non-linear decode ops: norm, activation, rotary, KV-cache write,
+// paged decode attention (kernels_ops.cc, compiled for AVX2 + FMA).
+//
+// Same rule as kernels.h: the kernel TU includes no paddle or STL headers,
+// and the op (x86_ops.cc) checks shapes, allocates outputs and scratch and
+// only calls in here on a CPU with AVX2 + FMA. All tensors are fp32 and
+// contiguous unless a stride is given.
+#pragma once
+#include <cstdint>
+
+namespace fdx86 {
+
+// out[r] = s * rsqrt(mean(s^2) + eps) * weight with s = x[r] (+ residual[r]);
+// with a residual, s is also written to sum[r]. x, residual, out, sum [rows, d].
+void rms_norm_avx2(const float* x, const float* residual, const float* weight, float* out, float* sum,
+                   int64_t rows, int64_t d, float eps, int threads);
+
+// x [rows, 2*inter] = [gate | up] -> out [rows, inter] = silu(gate) * up.
+void silu_and_mul_avx2(const float* x, float* out, int64_t rows, int64_t inter, int threads);
+
+// Rotates x [tokens, heads, dh] at positions [tokens] into out (same shape);
+// cos_sin [*, dh] = concat(cos, sin) of dh/2 frequencies. interleaved: pairs
+// (x[2i], x[2i+1]); else halves (x[i], x[i + dh/2]). Positions are checked
+// by the caller.
+void rotary_avx2(const float* x, float* out, int64_t tokens, int64_t heads, int64_t dh,
+                 const int64_t* positions, const float* cos_sin, int interleaved, int threads);
+
+// Copies rows k, v [tokens, row] into k_cache, v_cache [slots, row] at
+// slots [tokens]; a negative slot is skipped (slots checked by the caller).
+void write_kv_cache(const float* k, const float* v, float* k_cache, float* v_cache, const int64_t* slots,
+                    int64_t tokens, int64_t row);
+
+// Paged attention over the reference cache layout, for decode (one query per
+// request) and prefill (a ragged chunk of queries per request, causal, after
+// any context already cached). Query token i of request r sits at position
+// seq_lens[r] - query_lens[r] + i and sees cache positions [0, that]; its
+// row of q / out is query_starts[r] + i. Work items are (request, tile of up
+// to `tile` query tokens, kv head): the tile x G query heads of a kv head
+// read each K / V row once; online softmax over chunks of at most 64 tokens
+// within a block. Dh % 8 == 0.
+struct AttentionArgs {
+  const float* q = nullptr;        // [T, H, Dh]
+  const float* k_cache = nullptr;  // [num_blocks * block_size, Hkv, Dh]
+  const float* v_cache = nullptr;
+  const int64_t* block_tables = nullptr;  // [R, W] (block ids checked by the caller)
+  const int64_t* seq_lens = nullptr;      // [R], each <= W * block_size
+  const int64_t* query_lens = nullptr;    // [R], each in [1, seq_len]; nullptr: 1 each (decode)
+  const int64_t* query_starts = nullptr;  // [R]; nullptr: r (decode)
+  const int64_t* items = nullptr;         // [num_items, 2] (request, first query token) per tile
+  int64_t num_items = 0;
+  float* out = nullptr;  // [T, H, Dh]
+  int64_t R = 0, H = 0, Hkv = 0, Dh = 0, W = 0, block_size = 0, tile = 1;
+  float scale = 1.0f;
+  float* scratch = nullptr;  // threads * attention_scratch(tile * H / Hkv, Dh) floats
+  int threads = 1;
+};
+
+// Floats of scratch one thread needs for `rows` query rows (tile x G).
+int64_t attention_scratch(int64_t rows, int64_t Dh);
+
+void paged_attention_avx2(const AttentionArgs& a);
+
+}  // namespace fdx86

@@ -1,0 +1,342 @@
+// Paddle custom operators for fd_x86's decode ops (kernels in kernels_ops.cc):
+//
+//   fd_x86_rms_norm(x, weight)                      -> out          x [..., D]
+//   fd_x86_add_rms_norm(x, residual, weight)        -> out, x + residual
+//   fd_x86_silu_and_mul(x)                          -> out          x [..., 2I] -> [..., I]
+//   fd_x86_rotary(q, k, positions, cos_sin)         -> q_out, k_out [T, H(kv), Dh]
+//   fd_x86_write_kv_cache(k, v, k_cache, v_cache, slots)   in place (k_cache, v_cache)
+//   fd_x86_decode_attention(q, k_cache, v_cache, block_tables, seq_lens) -> out [B, H, Dh]
+//   fd_x86_prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_lens) -> out [Tp, H, Dh]
+//
+// Every tensor is fp32 (int64 for positions, slots, tables, lengths), on the
+// CPU and contiguous (the Python side makes it so). Indices are checked here
+// before a kernel runs, so a bad slot / position / block id is an error, not a
+// stray write. Compiled for baseline x86-64; the kernels need AVX2 + FMA.
+#include <cstdint>
+#include <vector>
+
+#include "ops_kernels.h"
+#include "paddle/extension.h"
+
+namespace {
+
+bool cpu_has_avx2() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return has;
+}
+
+void check_f32(const char* op, const char* name, const paddle::Tensor& t) {
+  PD_CHECK(t.is_cpu(), op, ": ", name, " must be on the CPU");
+  PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, op, ": ", name, " must be float32");
+  PD_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+
+void check_i64(const char* op, const char* name, const paddle::Tensor& t) {
+  PD_CHECK(t.is_cpu(), op, ": ", name, " must be on the CPU");
+  PD_CHECK(t.dtype() == paddle::DataType::INT64, op, ": ", name, " must be int64");
+  PD_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+
+void check_isa(const char* op) {
+  PD_CHECK(cpu_has_avx2(), op, ": needs AVX2 + FMA, which this CPU lacks; use fd-core's cpu backend");
+}
+
+int64_t last_dim(const paddle::Tensor& t) { return t.shape().empty() ? 1 : t.shape().back(); }
+
+std::vector<paddle::Tensor> RmsNorm(const paddle::Tensor& x, const paddle::Tensor& weight, float eps, int threads) {
+  const char* op = "fd_x86_rms_norm";
+  check_isa(op);
+  check_f32(op, "x", x);
+  check_f32(op, "weight", weight);
+  const int64_t d = last_dim(x);
+  PD_CHECK(weight.numel() == d, op, ": weight has ", weight.numel(), " values, x's last axis ", d);
+  paddle::Tensor out = paddle::empty(x.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
+  if (x.numel() > 0)
+    fdx86::rms_norm_avx2(x.data<float>(), nullptr, weight.data<float>(), out.data<float>(), nullptr,
+                         x.numel() / d, d, eps, threads);
+  return {out};
+}
+
+std::vector<paddle::Tensor> AddRmsNorm(const paddle::Tensor& x, const paddle::Tensor& residual,
+                                       const paddle::Tensor& weight, float eps, int threads) {
+  const char* op = "fd_x86_add_rms_norm";
+  check_isa(op);
+  check_f32(op, "x", x);
+  check_f32(op, "residual", residual);
+  check_f32(op, "weight", weight);
+  const int64_t d = last_dim(x);
+  PD_CHECK(weight.numel() == d, op, ": weight has ", weight.numel(), " values, x's last axis ", d);
+  PD_CHECK(residual.shape() == x.shape(), op, ": residual's shape differs from x's");
+  paddle::Tensor out = paddle::empty(x.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
+  paddle::Tensor sum = paddle::empty(x.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
+  if (x.numel() > 0)
+    fdx86::rms_norm_avx2(x.data<float>(), residual.data<float>(), weight.data<float>(), out.data<float>(),
+                         sum.data<float>(), x.numel() / d, d, eps, threads);
+  return {out, sum};
+}
+
+std::vector<paddle::Tensor> SiluAndMul(const paddle::Tensor& x, int threads) {
+  const char* op = "fd_x86_silu_and_mul";
+  check_isa(op);
+  check_f32(op, "x", x);
+  PD_CHECK(!x.shape().empty() && last_dim(x) % 2 == 0, op, ": x's last axis must be even");
+  std::vector<int64_t> shape = x.shape();
+  shape.back() /= 2;
+  paddle::Tensor out = paddle::empty(shape, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  const int64_t inter = shape.back();
+  if (x.numel() > 0) fdx86::silu_and_mul_avx2(x.data<float>(), out.data<float>(), x.numel() / (2 * inter), inter, threads);
+  return {out};
+}
+
+std::vector<paddle::Tensor> Rotary(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& positions,
+                                   const paddle::Tensor& cos_sin, bool interleaved, int threads) {
+  const char* op = "fd_x86_rotary";
+  check_isa(op);
+  check_f32(op, "q", q);
+  check_f32(op, "k", k);
+  check_i64(op, "positions", positions);
+  check_f32(op, "cos_sin", cos_sin);
+  PD_CHECK(q.shape().size() == 3 && k.shape().size() == 3, op, ": q and k must be [T, heads, Dh]");
+  PD_CHECK(cos_sin.shape().size() == 2, op, ": cos_sin must be [max_pos, Dh]");
+  const int64_t tokens = q.shape()[0], dh = q.shape()[2], max_pos = cos_sin.shape()[0];
+  PD_CHECK(k.shape()[0] == tokens && positions.numel() == tokens, op, ": q, k and positions disagree on T");
+  PD_CHECK(k.shape()[2] == dh && cos_sin.shape()[1] == dh && dh % 2 == 0, op,
+           ": q, k and cos_sin must share an even Dh");
+  const int64_t* pos = positions.data<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    PD_CHECK(pos[t] >= 0 && pos[t] < max_pos, op, ": position ", pos[t], " is outside the table [0, ", max_pos, ")");
+  paddle::Tensor q_out = paddle::empty(q.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
+  paddle::Tensor k_out = paddle::empty(k.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
+  if (tokens > 0) {
+    fdx86::rotary_avx2(q.data<float>(), q_out.data<float>(), tokens, q.shape()[1], dh, pos, cos_sin.data<float>(),
+                       interleaved, threads);
+    fdx86::rotary_avx2(k.data<float>(), k_out.data<float>(), tokens, k.shape()[1], dh, pos, cos_sin.data<float>(),
+                       interleaved, threads);
+  }
+  return {q_out, k_out};
+}
+
+void WriteKVCache(const paddle::Tensor& k, const paddle::Tensor& v, paddle::Tensor& k_cache, paddle::Tensor& v_cache,
+                  const paddle::Tensor& slots) {
+  const char* op = "fd_x86_write_kv_cache";
+  check_f32(op, "k", k);
+  check_f32(op, "v", v);
+  check_f32(op, "k_cache", k_cache);
+  check_f32(op, "v_cache", v_cache);
+  check_i64(op, "slot_mapping", slots);
+  PD_CHECK(k.shape() == v.shape() && k_cache.shape() == v_cache.shape(), op, ": k / v or their caches differ in shape");
+  PD_CHECK(k.shape().size() == 3 && k_cache.shape().size() == 3, op, ": k must be [T, Hkv, Dh], the caches [S, Hkv, Dh]");
+  PD_CHECK(k.shape()[1] == k_cache.shape()[1] && k.shape()[2] == k_cache.shape()[2], op,
+           ": k's [Hkv, Dh] differs from the cache's");
+  const int64_t tokens = k.shape()[0], rows = k_cache.shape()[0];
+  PD_CHECK(slots.numel() == tokens, op, ": slot_mapping has ", slots.numel(), " slots for ", tokens, " tokens");
+  const int64_t* s = slots.data<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    PD_CHECK(s[t] < rows, op, ": slot ", s[t], " is past the cache's ", rows, " rows");
+  fdx86::write_kv_cache(k.data<float>(), v.data<float>(), k_cache.data<float>(), v_cache.data<float>(), s, tokens,
+                        k.shape()[1] * k.shape()[2]);
+}
+
+// Checks shared by both attention ops; fills a's shapes and pointers.
+void prepare_attention(const char* op, const paddle::Tensor& q, const paddle::Tensor& k_cache,
+                       const paddle::Tensor& v_cache, const paddle::Tensor& block_tables,
+                       const paddle::Tensor& seq_lens, int64_t requests, int64_t block_size, float scale,
+                       int threads, fdx86::AttentionArgs* a) {
+  check_isa(op);
+  check_f32(op, "q", q);
+  check_f32(op, "k_cache", k_cache);
+  check_f32(op, "v_cache", v_cache);
+  check_i64(op, "block_tables", block_tables);
+  check_i64(op, "seq_lens", seq_lens);
+  PD_CHECK(q.shape().size() == 3 && k_cache.shape().size() == 3 && k_cache.shape() == v_cache.shape(), op,
+           ": q must be [T, H, Dh], the caches [S, Hkv, Dh] alike");
+  PD_CHECK(block_tables.shape().size() == 2, op, ": block_tables must be [R, W]");
+  a->H = q.shape()[1];
+  a->Dh = q.shape()[2];
+  a->Hkv = k_cache.shape()[1];
+  a->W = block_tables.shape()[1];
+  a->R = requests;
+  a->block_size = block_size;
+  a->scale = scale;
+  a->threads = threads < 1 ? 1 : threads;
+  PD_CHECK(k_cache.shape()[2] == a->Dh && a->Dh % 8 == 0, op, ": Dh must match the cache's and be a multiple of 8");
+  PD_CHECK(a->Hkv > 0 && a->H % a->Hkv == 0, op, ": H = ", a->H, " is not a multiple of Hkv = ", a->Hkv);
+  PD_CHECK(block_size > 0 && k_cache.shape()[0] % block_size == 0, op, ": the cache's ", k_cache.shape()[0],
+           " rows are not whole blocks of ", block_size);
+  PD_CHECK(block_tables.shape()[0] >= requests && seq_lens.numel() >= requests, op,
+           ": block_tables / seq_lens cover fewer than ", requests, " requests");
+  const int64_t num_blocks = k_cache.shape()[0] / block_size;
+  a->block_tables = block_tables.data<int64_t>();
+  a->seq_lens = seq_lens.data<int64_t>();
+  for (int64_t r = 0; r < requests; ++r) {
+    const int64_t len = a->seq_lens[r];
+    PD_CHECK(len >= 0 && len <= a->W * block_size && len < (int64_t{1} << 31), op, ": request ", r, " has ", len,
+             " tokens, its table holds ", a->W * block_size);
+    for (int64_t j = 0; j < (len + block_size - 1) / block_size; ++j) {
+      const int64_t blk = a->block_tables[r * a->W + j];
+      PD_CHECK(blk >= 0 && blk < num_blocks, op, ": request ", r, " names block ", blk, " of ", num_blocks);
+    }
+  }
+  a->q = q.data<float>();
+  a->k_cache = k_cache.data<float>();
+  a->v_cache = v_cache.data<float>();
+}
+
+void run_attention(fdx86::AttentionArgs* a, const std::vector<int64_t>& items, float* out) {
+  a->items = items.data();
+  a->num_items = static_cast<int64_t>(items.size() / 2);
+  a->out = out;
+  if (a->num_items == 0) return;
+  std::vector<float> scratch(a->threads * fdx86::attention_scratch(a->tile * (a->H / a->Hkv), a->Dh));
+  a->scratch = scratch.data();
+  fdx86::paged_attention_avx2(*a);
+}
+
+std::vector<paddle::Tensor> DecodeAttention(const paddle::Tensor& q, const paddle::Tensor& k_cache,
+                                            const paddle::Tensor& v_cache, const paddle::Tensor& block_tables,
+                                            const paddle::Tensor& seq_lens, int64_t block_size, float scale,
+                                            int threads) {
+  fdx86::AttentionArgs a;
+  const int64_t batch = q.shape().empty() ? 0 : q.shape()[0];
+  prepare_attention("fd_x86_decode_attention", q, k_cache, v_cache, block_tables, seq_lens, batch, block_size,
+                    scale, threads, &a);
+  for (int64_t b = 0; b < batch; ++b)
+    PD_CHECK(a.seq_lens[b] >= 1, "fd_x86_decode_attention: request ", b, " has no cached tokens");
+  std::vector<int64_t> items(2 * batch);
+  for (int64_t b = 0; b < batch; ++b) items[2 * b] = b, items[2 * b + 1] = 0;
+  paddle::Tensor out = paddle::empty(q.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
+  run_attention(&a, items, out.data<float>());
+  return {out};
+}
+
+// Query tokens per prefill work item: about 32 query rows (tile x G).
+constexpr int64_t kPrefillRows = 32;
+
+std::vector<paddle::Tensor> PrefillAttention(const paddle::Tensor& q, const paddle::Tensor& k_cache,
+                                             const paddle::Tensor& v_cache, const paddle::Tensor& block_tables,
+                                             const paddle::Tensor& seq_lens, const paddle::Tensor& query_lens,
+                                             int64_t block_size, float scale, int threads) {
+  const char* op = "fd_x86_prefill_attention";
+  check_i64(op, "query_lens", query_lens);
+  fdx86::AttentionArgs a;
+  const int64_t requests = query_lens.numel();
+  prepare_attention(op, q, k_cache, v_cache, block_tables, seq_lens, requests, block_size, scale, threads, &a);
+  const int64_t* qlens = query_lens.data<int64_t>();
+  const int64_t G = a.H / a.Hkv;
+  a.tile = G >= kPrefillRows ? 1 : kPrefillRows / G;
+  std::vector<int64_t> starts(requests), items;
+  int64_t total = 0;
+  for (int64_t r = 0; r < requests; ++r) {
+    PD_CHECK(qlens[r] >= 1 && qlens[r] <= a.seq_lens[r], op, ": request ", r, " has ", qlens[r],
+             " new tokens and ", a.seq_lens[r], " in the cache");
+    starts[r] = total;
+    total += qlens[r];
+    for (int64_t i = 0; i < qlens[r]; i += a.tile) items.push_back(r), items.push_back(i);
+  }
+  PD_CHECK(total == q.shape()[0], op, ": query_lens sum to ", total, ", q has ", q.shape()[0], " tokens");
+  a.query_lens = qlens;
+  a.query_starts = starts.data();
+  paddle::Tensor out = paddle::empty(q.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
+  run_attention(&a, items, out.data<float>());
+  return {out};
+}
+
+using Shapes = std::vector<std::vector<int64_t>>;
+using Dtypes = std::vector<paddle::DataType>;
+
+Shapes SameShape(const std::vector<int64_t>& x, const std::vector<int64_t>&) { return {x}; }
+Shapes SameShape2(const std::vector<int64_t>& x, const std::vector<int64_t>&, const std::vector<int64_t>&) {
+  return {x, x};
+}
+Shapes HalfLast(const std::vector<int64_t>& x) {
+  std::vector<int64_t> s = x;
+  if (!s.empty()) s.back() /= 2;
+  return {s};
+}
+Shapes RotaryShape(const std::vector<int64_t>& q, const std::vector<int64_t>& k, const std::vector<int64_t>&,
+                   const std::vector<int64_t>&) {
+  return {q, k};
+}
+Shapes DecodeShape(const std::vector<int64_t>& q, const std::vector<int64_t>&, const std::vector<int64_t>&,
+                   const std::vector<int64_t>&, const std::vector<int64_t>&) {
+  return {q};
+}
+Shapes PrefillShape(const std::vector<int64_t>& q, const std::vector<int64_t>&, const std::vector<int64_t>&,
+                    const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&) {
+  return {q};
+}
+Dtypes F32x1(const paddle::DataType&) { return {paddle::DataType::FLOAT32}; }
+Dtypes F32x1b(const paddle::DataType&, const paddle::DataType&) { return {paddle::DataType::FLOAT32}; }
+Dtypes F32x2(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&) {
+  return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
+}
+Dtypes F32x2b(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&) {
+  return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
+}
+Dtypes F32x1c(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&,
+              const paddle::DataType&) {
+  return {paddle::DataType::FLOAT32};
+}
+Dtypes F32x1d(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&,
+              const paddle::DataType&, const paddle::DataType&) {
+  return {paddle::DataType::FLOAT32};
+}
+
+}  // namespace
+
+PD_BUILD_OP(fd_x86_rms_norm)
+    .Inputs({"X", "Weight"})
+    .Outputs({"Out"})
+    .Attrs({"eps: float", "threads: int"})
+    .SetKernelFn(PD_KERNEL(RmsNorm))
+    .SetInferShapeFn(PD_INFER_SHAPE(SameShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(F32x1b));
+
+PD_BUILD_OP(fd_x86_add_rms_norm)
+    .Inputs({"X", "Residual", "Weight"})
+    .Outputs({"Out", "Sum"})
+    .Attrs({"eps: float", "threads: int"})
+    .SetKernelFn(PD_KERNEL(AddRmsNorm))
+    .SetInferShapeFn(PD_INFER_SHAPE(SameShape2))
+    .SetInferDtypeFn(PD_INFER_DTYPE(F32x2));
+
+PD_BUILD_OP(fd_x86_silu_and_mul)
+    .Inputs({"X"})
+    .Outputs({"Out"})
+    .Attrs({"threads: int"})
+    .SetKernelFn(PD_KERNEL(SiluAndMul))
+    .SetInferShapeFn(PD_INFER_SHAPE(HalfLast))
+    .SetInferDtypeFn(PD_INFER_DTYPE(F32x1));
+
+PD_BUILD_OP(fd_x86_rotary)
+    .Inputs({"Q", "K", "Positions", "CosSin"})
+    .Outputs({"QOut", "KOut"})
+    .Attrs({"interleaved: bool", "threads: int"})
+    .SetKernelFn(PD_KERNEL(Rotary))
+    .SetInferShapeFn(PD_INFER_SHAPE(RotaryShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(F32x2b));
+
+PD_BUILD_OP(fd_x86_write_kv_cache)
+    .Inputs({"K", "V", "KCache", "VCache", "Slots"})
+    .Outputs({"KCacheOut", "VCacheOut"})
+    .SetInplaceMap({{"KCache", "KCacheOut"}, {"VCache", "VCacheOut"}})
+    .SetKernelFn(PD_KERNEL(WriteKVCache));
+
+PD_BUILD_OP(fd_x86_decode_attention)
+    .Inputs({"Q", "KCache", "VCache", "BlockTables", "SeqLens"})
+    .Outputs({"Out"})
+    .Attrs({"block_size: int64_t", "scale: float", "threads: int"})
+    .SetKernelFn(PD_KERNEL(DecodeAttention))
+    .SetInferShapeFn(PD_INFER_SHAPE(DecodeShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(F32x1c));
+
+PD_BUILD_OP(fd_x86_prefill_attention)
+    .Inputs({"Q", "KCache", "VCache", "BlockTables", "SeqLens", "QueryLens"})
+    .Outputs({"Out"})
+    .Attrs({"block_size: int64_t", "scale: float", "threads: int"})
+    .SetKernelFn(PD_KERNEL(PrefillAttention))
+    .SetInferShapeFn(PD_INFER_SHAPE(PrefillShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(F32x1d));
