@@ -11,7 +11,7 @@
 4. Prints both sides' serving metrics and the fd-core / HF ratios, plus how
    many requests' greedy tokens agree (a check that both ran the same model).
 5. Engine decode step vs the matmul-only ceiling: the in-process engine
-   (``LLM``, CPU backend) decoding B requests of ``--ceiling-prompt-len``
+   (``LLM``, ``--ceiling-backend``, default auto) decoding B requests of ``--ceiling-prompt-len``
    tokens; the wall time of ``engine.step()`` against just the matmuls of one
    decode step at batch B in paddle (``benchmarks/decode_step.py``'s
    ``MatmulCeiling``), alternating, medians of ``--ceiling-repeats`` runs.
@@ -80,7 +80,7 @@ def text_agreement(hf: list[Any], fd: list[Any], chars: int) -> tuple[int, int, 
 
 
 def decode_vs_ceiling(model: Path, batches: list[int], prompt_len: int, steps: int,
-                      repeats: int) -> list[dict[str, float]]:
+                      repeats: int, backend: str = "auto", quantization: str | None = None) -> list[dict[str, float]]:
     """Engine decode step (wall of engine.step()) vs the matmul-only step, per batch size."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from decode_step import MatmulCeiling
@@ -89,9 +89,10 @@ def decode_vs_ceiling(model: Path, batches: list[int], prompt_len: int, steps: i
 
     max_len = prompt_len + steps * (repeats + 1) + 8
     blocks = -(-max_len // 64) * max(batches) + 2
-    llm = LLM(str(model), backend="cpu", max_num_seqs=max(batches), max_model_len=max(max_len, 1024),
-              num_gpu_blocks_override=blocks, enable_prefix_caching=False)
+    llm = LLM(str(model), backend=backend, quantization=quantization, max_num_seqs=max(batches),
+              max_model_len=max(max_len, 1024), num_gpu_blocks_override=blocks, enable_prefix_caching=False)
     engine = llm.engine
+    print(f"  backend {engine.core.backend.name}, {quantization or 'fp32'}", flush=True)
     ceiling = MatmulCeiling(engine.core.runner.config)
     import numpy as np
 
@@ -156,6 +157,9 @@ def main() -> int:
     p.add_argument("--ceiling-prompt-len", type=int, default=128)
     p.add_argument("--ceiling-steps", type=int, default=8)
     p.add_argument("--ceiling-repeats", type=int, default=5)
+    p.add_argument("--ceiling-backend", default="auto",
+                   help="backend of the decode-step measurement (default auto: fd_x86 when installed)")
+    p.add_argument("--ceiling-quantization", default=None, help="e.g. wint8 (the ceiling stays fp32 matmuls)")
     p.add_argument("--result-dir", default="benchmarks/results")
     args = p.parse_args()
 
@@ -214,7 +218,8 @@ def main() -> int:
     if not args.skip_ceiling:
         print(f"engine decode step vs matmul-only ceiling (prompt {args.ceiling_prompt_len} tokens):", flush=True)
         result["ceiling"] = decode_vs_ceiling(model, args.ceiling_batch, args.ceiling_prompt_len,
-                                              args.ceiling_steps, args.ceiling_repeats)
+                                              args.ceiling_steps, args.ceiling_repeats, args.ceiling_backend,
+                                              args.ceiling_quantization)
         print("\n  B | engine step ms | matmul-only ms | ratio")
         for r in result["ceiling"]:
             print(f"{r['batch']:3d} | {r['step_ms']:14.1f} | {r['ceiling_ms']:14.1f} | {r['ratio']:.2f}")

@@ -62,6 +62,32 @@ class Ops:
             "linear", self._hook.fd_linear(x=x, weight=weight, bias=bias, quant=quant), method
         )
 
+    def rope_and_write_kv_cache(
+        self, qkv: Tensor, positions: Tensor, cos_sin: Tensor, interleaved: bool, num_heads: int,
+        num_kv_heads: int, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Split ``qkv``, rotate q and k, store k and v: the backend's fused
+        kernel when it has one, else the unfused hooks (see the hookspec)."""
+        fused = self._hook.fd_rope_and_write_kv_cache(
+            qkv=qkv, positions=positions, cos_sin=cos_sin, interleaved=interleaved, num_heads=num_heads,
+            num_kv_heads=num_kv_heads, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping,
+        )
+        if fused is not None:
+            return fused  # type: ignore[no-any-return]
+        from fd_core._paddle import import_paddle
+
+        paddle = import_paddle()
+        tokens, width = qkv.shape
+        head_dim = width // (num_heads + 2 * num_kv_heads)
+        kv_size = num_kv_heads * head_dim
+        q, k, v = paddle.split(qkv, [num_heads * head_dim, kv_size, kv_size], axis=-1)
+        q = q.reshape([tokens, num_heads, head_dim])
+        k = k.reshape([tokens, num_kv_heads, head_dim])
+        v = v.reshape([tokens, num_kv_heads, head_dim])
+        q, k = self.rotary_embedding(q, k, positions, cos_sin, interleaved)
+        self.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+        return q, k, v
+
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str,
         location: str = "device",

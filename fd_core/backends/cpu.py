@@ -9,6 +9,7 @@ device). Importing this module imports no paddle.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from typing import Any
@@ -23,7 +24,14 @@ impl = hookimpl(trylast=True)
 
 
 def num_threads() -> int:
-    """Threads for CPU kernels: FD_CPU_NUM_THREADS, else the usable cores."""
+    """Threads for CPU kernels: FD_CPU_NUM_THREADS, else the usable cores.
+    Called by every native kernel call, so the answer is cached per value of
+    the variable (the affinity mask is read once per process)."""
+    return _num_threads(os.environ.get("FD_CPU_NUM_THREADS"))
+
+
+@functools.lru_cache(maxsize=16)
+def _num_threads(raw: str | None) -> int:
     configured = envs.get("FD_CPU_NUM_THREADS")
     if configured is not None:
         if configured < 1:

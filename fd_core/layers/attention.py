@@ -44,13 +44,10 @@ class Attention:
     def __call__(self, x: Any, cos_sin: Any, meta: Any, cache: KVCache) -> Any:
         # x: [T, D]
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)
-        q, k, v = paddle.split(qkv, [self.q_size, self.kv_size, self.kv_size], axis=-1)
-        q = q.reshape([num_tokens, self.num_heads, self.head_dim])
-        k = k.reshape([num_tokens, self.num_kv_heads, self.head_dim])
-        v = v.reshape([num_tokens, self.num_kv_heads, self.head_dim])
-        q, k = self.ops.rotary_embedding(q, k, meta.positions, cos_sin, self.interleaved_rope)
-        self.ops.write_kv_cache(k, v, cache.k, cache.v, meta.slot_mapping)
+        q, k, v = self.ops.rope_and_write_kv_cache(
+            self.qkv_proj(x), meta.positions, cos_sin, self.interleaved_rope, self.num_heads, self.num_kv_heads,
+            cache.k, cache.v, meta.slot_mapping,
+        )
         nd = meta.num_decodes
         parts = []
         if nd:

@@ -180,6 +180,33 @@ def fd_write_kv_cache(
 
 
 @hookspec(firstresult=True)
+def fd_rope_and_write_kv_cache(
+    qkv: Tensor,
+    positions: Tensor,
+    cos_sin: Tensor,
+    interleaved: bool,
+    num_heads: int,
+    num_kv_heads: int,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    slot_mapping: Tensor,
+) -> Any:
+    """Optional fusion of an attention layer's steps between the QKV
+    projection and attention: split, rotate, store.
+
+    ``qkv [T, (H + 2*Hkv) * Dh]`` holds each token's ``[q | k | v]``. Must
+    equal splitting it into ``q [T, H, Dh]``, ``k, v [T, Hkv, Dh]``, then
+    ``fd_rotary_embedding(q, k, positions, cos_sin, interleaved)`` and
+    ``fd_write_kv_cache(k, v, k_cache, v_cache, slot_mapping)`` (slot -1: not
+    stored). Returns ``(q, k, v)`` with q and k rotated. The reference does
+    not implement it: when no backend answers, ``Ops`` runs those three
+    steps through the unfused hooks, so a backend implements this only to
+    save their per-call costs (one call per layer instead of a split and two
+    calls). Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
 def fd_prefill_attention(
     q: Tensor,
     k: Tensor,

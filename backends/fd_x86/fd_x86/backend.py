@@ -159,3 +159,12 @@ def fd_prefill_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, met
     from fd_x86 import ops
 
     return _native(ops.prefill_attention, q, k, v, k_cache, v_cache, metadata, scale)
+
+
+@hookimpl
+def fd_rope_and_write_kv_cache(qkv: Any, positions: Any, cos_sin: Any, interleaved: bool, num_heads: int,
+                               num_kv_heads: int, k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
+    from fd_x86 import ops
+
+    return _native(ops.rope_and_write_kv_cache, qkv, positions, cos_sin, interleaved, num_heads, num_kv_heads,
+                   k_cache, v_cache, slot_mapping)

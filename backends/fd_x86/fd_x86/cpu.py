@@ -16,8 +16,8 @@ AVX512_VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni
 AVX2_FLAGS = ("avx2", "fma")
 AMX_FLAGS = ("amx_tile", "amx_int8")
 # the fp32 ops x86_ops.cc answers (kernels_ops.cc, AVX2 + FMA on either ISA)
-DECODE_OPS = ("fp32 native (avx2): rms_norm (+residual), silu_and_mul, rotary, kv-cache write, "
-              "paged decode and prefill attention")
+DECODE_OPS = ("fp32 native: rms_norm (+residual), silu_and_mul, rotary, kv-cache write, fused qkv->rope->cache "
+              "(avx2), paged decode and prefill attention (avx512 where the CPU has it, else avx2)")
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import numpy as np
 from fd_core.backends.cpu import num_threads
 from fd_x86.build import load_ops
 
-__all__ = ["decode_attention", "prefill_attention", "rms_norm", "rotary_embedding", "silu_and_mul",
-           "write_kv_cache"]
+__all__ = ["decode_attention", "prefill_attention", "rms_norm", "rope_and_write_kv_cache", "rotary_embedding",
+           "silu_and_mul", "write_kv_cache"]
 
 # metadata.workspace keys: the step's block tables and lengths as paddle tensors
 DECODE_KEY, PREFILL_KEY = "x86.decode", "x86.prefill"
@@ -86,6 +86,19 @@ def write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any
         return None
     load_ops().fd_x86_write_kv_cache(_dense(k), _dense(v), k_cache, v_cache, _int64(slot_mapping))
     return True
+
+
+def rope_and_write_kv_cache(qkv: Any, positions: Any, cos_sin: Any, interleaved: bool, num_heads: int,
+                            num_kv_heads: int, k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
+    """Split ``qkv [T, (H + 2 Hkv) Dh]``, rotate q and k, store k and v in
+    the caches at ``slot_mapping``, in one call -> ``(q, k, v)``."""
+    if not _host(qkv, cos_sin, k_cache, v_cache) or len(qkv.shape) != 2 or len(k_cache.shape) != 3 \
+            or not k_cache.is_contiguous() or not v_cache.is_contiguous():
+        return None
+    return tuple(load_ops().fd_x86_qkv_rope_cache(
+        _dense(qkv), _int64(positions), _dense(cos_sin), _int64(slot_mapping), k_cache, v_cache,
+        int(num_heads), int(num_kv_heads), bool(interleaved), num_threads(),
+    ))
 
 
 def _tables(metadata: Any, key: str, first: int, last: int) -> tuple[Any, ...]:

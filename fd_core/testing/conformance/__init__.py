@@ -41,7 +41,7 @@ from fd_core.plugins import hookspecs
 if TYPE_CHECKING:
     from fd_core.testing.conformance.harness import Harness
 
-__all__ = ["KERNEL_OPS", "SUITE_DIR"]
+__all__ = ["FUSED_OPS", "KERNEL_OPS", "SUITE_DIR"]
 
 SUITE_DIR = Path(__file__).resolve().parent
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -56,6 +56,9 @@ KERNEL_OPS = tuple(
     and getattr(spec, hookspecs.PROJECT_NAME + "_spec", {}).get("firstresult")
     and name[3:] not in _DEVICE_HOOKS
 )
+# Optional fusions of other ops: the reference has no kernel of its own (the
+# ``Ops`` method composes the unfused hooks); a backend's is checked against that.
+FUSED_OPS = ("rope_and_write_kv_cache",)
 
 
 @dataclass
@@ -190,7 +193,7 @@ class _SuiteHooks:
             tr.write_line("who answered each op in the cases that ran:")
         for op in state.implemented:
             seen = sorted(state.answered.get(op, ()))
-            tr.write_line(f"  {op + ':':<20} {', '.join(seen) or 'not run'}")
+            tr.write_line(f"  {op + ':':<25} {', '.join(seen) or 'not run'}")
 
 
 @pytest.fixture(scope="session")

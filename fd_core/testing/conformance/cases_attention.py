@@ -1,5 +1,6 @@
 """Paged attention: allocate_kv_cache, write_kv_cache, prefill_attention and
-decode_attention, as one model step uses them.
+decode_attention, as one model step uses them; and the optional fused
+rope_and_write_kv_cache against rotary_embedding + write_kv_cache.
 
 Each case is one step of a mixed batch (decodes first, then prefill chunks,
 some after cached context), with ragged lengths, partly filled last blocks,
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 from fd_core.ops.attention import AttentionMetadata
+from fd_core.ops.rope import rope_cos_sin
 from fd_core.testing.conformance import STATE_KEY
 from fd_core.testing.conformance.harness import FLOAT_DTYPES, Harness, case_rng
 
@@ -222,3 +224,77 @@ def test_swapped_blocks_attend_the_same(conformance: Harness, step: Step, kv_dty
     want = _run_step(fd, True, step, num_blocks, tables, data, kv_dtype)
     _compare(fd, step, _describe(fd, step, kv_dtype) + " after swap-out/swap-in", got, want,
              kv_dtype)
+
+
+def _run_fused_step(
+    fd: Harness, on_reference: bool, step: Step, num_blocks: int, tables: list[list[int]],
+    data: dict[str, np.ndarray], kv_dtype: str, interleaved: bool,
+) -> tuple[Any, ...]:
+    """The step with the new tokens stored by ``rope_and_write_kv_cache``
+    from a fused qkv (padding rows included); the reference splits, rotates
+    and writes with its unfused kernels. Returns (q, k, v, decoded, prefilled)."""
+    call = fd.call_reference if on_reference else fd.call
+    put = fd.host if on_reference else fd.device
+    where: contextlib.AbstractContextManager[None] = (
+        fd.on_host() if on_reference else contextlib.nullcontext()
+    )
+    num_decodes, bs = len(step.decode_lens), step.block_size
+    with where:
+        meta = AttentionMetadata.build(step.query_lens, step.seq_lens, tables, bs, num_decodes)
+    shape = {"block_size": bs, "num_kv_heads": step.kv_heads, "head_dim": step.head_dim,
+             "dtype": "float32" if on_reference else kv_dtype}
+    k_cache, v_cache = call("allocate_kv_cache", num_blocks=num_blocks, location="device", **shape)
+    caches = {"k_cache": k_cache, "v_cache": v_cache}
+    if len(data["ctx_slots"]):
+        call("write_kv_cache", k=put(data["ctx_k"]), v=put(data["ctx_v"]),
+             slot_mapping=put(data["ctx_slots"]), **caches)
+    tokens = len(data["k_pad"])
+    qkv = np.concatenate([data["q_pad"].reshape(tokens, -1), data["k_pad"].reshape(tokens, -1),
+                          data["v_pad"].reshape(tokens, -1)], axis=1)
+    args = {"positions": put(data["positions_pad"]), "slot_mapping": put(data["slots_pad"]),
+            "interleaved": interleaved}
+    if on_reference:
+        q, k, v = (data[name].reshape(tokens, -1, step.head_dim) for name in ("q_pad", "k_pad", "v_pad"))
+        q, k = call("rotary_embedding", q=put(q), k=put(k), cos_sin=put(data["cos_sin"]),
+                    positions=args["positions"], interleaved=interleaved)
+        v = put(v)
+        call("write_kv_cache", k=k, v=v, slot_mapping=args["slot_mapping"], **caches)
+    else:
+        q, k, v = fd.call_fused("rope_and_write_kv_cache", qkv=put(qkv), cos_sin=put(data["cos_sin"], "float32"),
+                                num_heads=step.heads, num_kv_heads=step.kv_heads, **args, **caches)
+    real = sum(step.query_lens)
+    decoded = prefilled = None
+    scale = step.head_dim**-0.5
+    if num_decodes:
+        decoded = call("decode_attention", q=q[:num_decodes], metadata=meta, scale=scale, **caches)
+    if step.prefills:
+        new = slice(num_decodes, real)
+        prefilled = call("prefill_attention", q=q[new], k=k[new], v=v[new], metadata=meta, scale=scale,
+                         **caches)
+    return q, k, v, decoded, prefilled
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
+@pytest.mark.parametrize("step", STEPS, ids=[s.name for s in STEPS])
+def test_rope_and_write_kv_cache_step(conformance: Harness, step: Step, kv_dtype: str, interleaved: bool) -> None:
+    """The fused split-rotate-store (the backend's, or the unfused hooks it
+    falls back to) equals the reference's rotary + write: same q/k/v and the
+    same attention over what it stored."""
+    fd = conformance
+    rng = case_rng("fused-qkv", step.name, kv_dtype, interleaved)
+    num_blocks, tables = _block_tables(step, rng)
+    data = _step_data(fd, step, tables, kv_dtype, rng)
+    tokens = len(data["k_pad"])
+    data["q_pad"] = np.concatenate([data["q"], fd.rounded(rng.normal(0, 1, (PADDING_ROWS, step.heads, step.head_dim)))])
+    max_pos = max(step.seq_lens) + 8
+    with fd.on_host():
+        data["cos_sin"] = rope_cos_sin(step.head_dim, max_pos, 10000.0).numpy()
+        meta = AttentionMetadata.build(step.query_lens, step.seq_lens, tables, step.block_size,
+                                       len(step.decode_lens))
+    data["positions_pad"] = np.concatenate([meta.positions.numpy(), np.zeros(PADDING_ROWS, dtype=np.int64)])
+    got = _run_fused_step(fd, False, step, num_blocks, tables, data, kv_dtype, interleaved)
+    want = _run_fused_step(fd, True, step, num_blocks, tables, data, kv_dtype, interleaved)
+    case = _describe(fd, step, kv_dtype) + f" interleaved={interleaved} qkv rows={tokens}"
+    for name, g, w in zip(("q", "k", "v"), got[:3], want[:3]):
+        fd.assert_close("rope_and_write_kv_cache", f"{case} ({name})", g, w, fd.tol())
+    _compare(fd, step, case + " (attention over the stored k/v)", got[3:], want[3:], kv_dtype)

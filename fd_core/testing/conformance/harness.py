@@ -60,6 +60,7 @@ NATIVE = "native"
 REFERENCE = "reference (the backend under test is the reference)"
 FALLBACK = "reference fallback"
 DECLINED = "reference fallback (backend returned None)"
+COMPOSED = "unfused hooks (no fused kernel answered)"
 
 
 def answer_label(backend_implements: bool, backend_answered: bool, is_reference: bool) -> str:
@@ -124,6 +125,19 @@ class Harness:
                 f"{op}: neither backend {self.backend.name!r} nor the CPU reference answered"
             )
         return result
+
+    def call_fused(self, op: str, **kwargs: Any) -> Any:
+        """An optional fused op (no reference numerics of its own): the
+        backend's kernel when it answers, else what the model runs then, the
+        ``Ops`` method composing the unfused hooks."""
+        result = None
+        if self.implements(op) and not self.is_reference:
+            only_backend = self.backend.pm.subset_hook_caller(
+                "fd_" + op, remove_plugins=[self.reference_module]
+            )
+            result = only_backend(**kwargs)
+        self.answers.setdefault(op, set()).add(NATIVE if result is not None else COMPOSED)
+        return result if result is not None else getattr(self.backend.ops, op)(**kwargs)
 
     def call_reference(self, op: str, **kwargs: Any) -> Any:
         """Call op ``op`` on the CPU reference with host tensors."""

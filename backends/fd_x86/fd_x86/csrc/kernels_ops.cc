@@ -131,13 +131,22 @@ using fdx86::AttentionArgs;
 
 constexpr float kMasked = -1e30f;
 
+// The cache lines of one K / V row of Dh floats. K and V rows sit a slot
+// (Hkv * Dh floats) apart in shuffled blocks, which the hardware prefetchers
+// follow poorly: the loads stalled on memory without this.
+template <_mm_hint kHint>
+inline void prefetch_row(const float* row, int64_t Dh) {
+  for (int64_t d = 0; d < Dh; d += 16) _mm_prefetch(reinterpret_cast<const char*>(row + d), kHint);
+}
+
 // Scores of `rows` scaled queries qs [rows, Dh] against n <= kChunk key rows
 // at positions pos0.. (row t at k + t * stride) into sc [rows, kChunk]; a
 // query row sees positions < limit[row]; lanes it does not see, up to a
 // multiple of 8, get kMasked (exp -> 0). Rows that see nothing here are
-// skipped (seen[row] = 0).
-void chunk_scores(const float* qs, const float* k, int64_t stride, int64_t n, int64_t pos0, int64_t rows,
-                  int64_t Dh, const int32_t* limit, float* sc, int32_t* seen) {
+// skipped (seen[row] = 0). Prefetches the next 8 key rows and the value
+// rows v (same layout) as it goes.
+void chunk_scores(const float* qs, const float* k, const float* v, int64_t stride, int64_t n, int64_t pos0,
+                  int64_t rows, int64_t Dh, const int32_t* limit, float* sc, int32_t* seen) {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256 masked = _mm256_set1_ps(kMasked);
   for (int64_t r = 0; r < rows; ++r) seen[r] = limit[r] > pos0;
@@ -145,6 +154,8 @@ void chunk_scores(const float* qs, const float* k, int64_t stride, int64_t n, in
     const int64_t nt = n - t0 < 8 ? n - t0 : 8;
     const float* kr[8];
     for (int j = 0; j < 8; ++j) kr[j] = k + (t0 + (j < nt ? j : nt - 1)) * stride;
+    for (int64_t t = t0 + 8; t < n && t < t0 + 16; ++t) prefetch_row<_MM_HINT_T0>(k + t * stride, Dh);
+    for (int64_t t = t0; t < t0 + nt; ++t) prefetch_row<_MM_HINT_T1>(v + t * stride, Dh);  // L2: a chunk fills L1
     const __m256i pos = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int32_t>(pos0 + t0)));
     const __m256i in_chunk = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(nt)), lane);
     for (int64_t r = 0; r < rows; ++r) {
@@ -167,29 +178,55 @@ void chunk_scores(const float* qs, const float* k, int64_t stride, int64_t n, in
   }
 }
 
-// acc [Dh] += sum_t p[t] * v_t for n rows (row t at v + t * stride).
-void chunk_values(const float* p, const float* v, int64_t stride, int64_t n, int64_t Dh, float* acc) {
-  int64_t d = 0;
-  for (; d + 32 <= Dh; d += 32) {
-    __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_loadu_ps(acc + d + 8);
-    __m256 a2 = _mm256_loadu_ps(acc + d + 16), a3 = _mm256_loadu_ps(acc + d + 24);
-    for (int64_t t = 0; t < n; ++t) {
-      const __m256 pt = _mm256_broadcast_ss(p + t);
-      const float* row = v + t * stride + d;
-      a0 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row), a0);
-      a1 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 8), a1);
-      a2 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 16), a2);
-      a3 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 24), a3);
+// acc[r] = acc[r] * alpha[r] + sum_t p[r][t] v_t for RB rows (p row stride
+// kChunk, acc row stride Dh) and n value rows (row t at v + t * stride): a
+// register tile of RB rows x NS vectors per Dh slice, one V load per token
+// and vector for all RB rows.
+template <int RB, int NS>
+void values_tile(const float* p, const float* alpha, const float* v, int64_t stride, int64_t n, int64_t Dh,
+                 int64_t d0, int64_t d1, float* acc) {
+  for (int64_t d = d0; d + 8 * NS <= d1; d += 8 * NS) {
+    __m256 c[RB][NS];
+    for (int r = 0; r < RB; ++r) {
+      const __m256 al = _mm256_set1_ps(alpha[r]);
+      for (int j = 0; j < NS; ++j) c[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * Dh + d + 8 * j), al);
     }
-    _mm256_storeu_ps(acc + d, a0);
-    _mm256_storeu_ps(acc + d + 8, a1);
-    _mm256_storeu_ps(acc + d + 16, a2);
-    _mm256_storeu_ps(acc + d + 24, a3);
+    const float* vr = v + d;
+    for (int64_t t = 0; t < n; ++t, vr += stride) {
+      __m256 vv[NS];
+      for (int j = 0; j < NS; ++j) vv[j] = _mm256_loadu_ps(vr + 8 * j);
+      for (int r = 0; r < RB; ++r) {
+        const __m256 pb = _mm256_broadcast_ss(p + r * kChunk + t);
+        for (int j = 0; j < NS; ++j) c[r][j] = _mm256_fmadd_ps(pb, vv[j], c[r][j]);
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int j = 0; j < NS; ++j) _mm256_storeu_ps(acc + r * Dh + d + 8 * j, c[r][j]);
   }
-  for (; d < Dh; d += 8) {
-    __m256 a0 = _mm256_loadu_ps(acc + d);
-    for (int64_t t = 0; t < n; ++t) a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), _mm256_loadu_ps(v + t * stride + d), a0);
-    _mm256_storeu_ps(acc + d, a0);
+}
+
+template <int RB>
+void values_rows(const float* p, const float* alpha, const float* v, int64_t stride, int64_t n, int64_t Dh,
+                 float* acc) {
+  constexpr int NS = RB >= 4 ? 2 : 4;
+  const int64_t body = Dh / (8 * NS) * (8 * NS);
+  values_tile<RB, NS>(p, alpha, v, stride, n, Dh, 0, body, acc);
+  if (body < Dh) values_tile<RB, 1>(p, alpha, v, stride, n, Dh, body, Dh, acc);
+}
+
+void values(const float* p, const float* alpha, const float* v, int64_t stride, int64_t n, int64_t rows, int64_t Dh,
+            float* acc) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    const int64_t rb = rows - r0 < 4 ? rows - r0 : 4;
+    const float* pr = p + r0 * kChunk;
+    const float* al = alpha + r0;
+    float* ac = acc + r0 * Dh;
+    switch (rb) {
+      case 4: values_rows<4>(pr, al, v, stride, n, Dh, ac); break;
+      case 3: values_rows<3>(pr, al, v, stride, n, Dh, ac); break;
+      case 2: values_rows<2>(pr, al, v, stride, n, Dh, ac); break;
+      default: values_rows<1>(pr, al, v, stride, n, Dh, ac); break;
+    }
   }
 }
 
@@ -208,7 +245,8 @@ void attend_item(const AttentionArgs& a, int64_t r, int64_t i0, int64_t kvh, flo
   float* sc = acc + rows * Dh;  // [rows, kChunk]
   float* m = sc + rows * kChunk;
   float* l = m + rows;
-  int32_t* limit = reinterpret_cast<int32_t*>(l + rows);
+  float* alpha = l + rows;
+  int32_t* limit = reinterpret_cast<int32_t*>(alpha + rows);
   int32_t* seen = limit + rows;
   for (int64_t i = 0; i < nq; ++i) {
     const float* q = a.q + ((qstart + i0 + i) * a.H + kvh * G) * Dh;
@@ -230,31 +268,38 @@ void attend_item(const AttentionArgs& a, int64_t r, int64_t i0, int64_t kvh, flo
     if (n > kChunk) n = kChunk;
     if (n > end - pos) n = end - pos;
     const int64_t first = (table[pos / bs] * bs + off) * stride + kvh * Dh;
-    chunk_scores(qs, a.k_cache + first, stride, n, pos, rows, Dh, limit, sc, seen);
+    chunk_scores(qs, a.k_cache + first, a.v_cache + first, stride, n, pos, rows, Dh, limit, sc, seen);
+    if (pos + n < end) {  // the next chunk's first key rows, while the values run
+      const int64_t next = pos + n, nn = end - next < 8 ? end - next : 8;
+      const float* k_next = a.k_cache + (table[next / bs] * bs + next % bs) * stride + kvh * Dh;
+      for (int64_t t = 0; t < nn && next % bs + t < bs; ++t) prefetch_row<_MM_HINT_T0>(k_next + t * stride, Dh);
+    }
     const int64_t padded = (n + 7) / 8 * 8;
     for (int64_t j = 0; j < rows; ++j) {
-      if (!seen[j]) continue;
       float* p = sc + j * kChunk;
+      if (!seen[j]) {  // sees nothing here: p = 0, acc kept
+        for (int64_t t = 0; t < padded; t += 8) _mm256_storeu_ps(p + t, _mm256_setzero_ps());
+        alpha[j] = 1.0f;
+        continue;
+      }
       __m256 mx = _mm256_set1_ps(kMasked);
       for (int64_t t = 0; t < padded; t += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(p + t));
       const float chunk_max = hmax(mx);
       const float m_new = m[j] > chunk_max ? m[j] : chunk_max;
       const __m256 mv = _mm256_set1_ps(m_new);
+      const __m256 live_min = _mm256_set1_ps(0.5f * kMasked);
       __m256 sum = _mm256_setzero_ps();
       for (int64_t t = 0; t < padded; t += 8) {
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p + t), mv));
+        const __m256 s = _mm256_loadu_ps(p + t);
+        const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(s, mv)), _mm256_cmp_ps(s, live_min, _CMP_GT_OQ));
         _mm256_storeu_ps(p + t, e);
         sum = _mm256_add_ps(sum, e);
       }
-      const float alpha = exp1(m[j] - m_new);  // 0 on the first chunk (m = kMasked)
-      if (alpha != 1.0f) {
-        float* aj = acc + j * Dh;
-        for (int64_t d = 0; d < Dh; ++d) aj[d] *= alpha;
-      }
-      l[j] = l[j] * alpha + hsum(sum);
+      alpha[j] = m[j] == kMasked ? 0.0f : exp1(m[j] - m_new);
+      l[j] = l[j] * alpha[j] + hsum(sum);
       m[j] = m_new;
-      chunk_values(p, a.v_cache + first, stride, n, Dh, acc + j * Dh);
     }
+    values(sc, alpha, a.v_cache + first, stride, n, rows, Dh, acc);
     pos += n;
   }
   for (int64_t i = 0; i < nq; ++i) {
@@ -321,7 +366,7 @@ void write_kv_cache(const float* k, const float* v, float* k_cache, float* v_cac
   }
 }
 
-int64_t attention_scratch(int64_t rows, int64_t Dh) { return rows * (2 * Dh + kChunk + 4); }
+int64_t attention_scratch(int64_t rows, int64_t Dh) { return rows * (2 * Dh + kChunk + 8); }
 
 void paged_attention_avx2(const AttentionArgs& a) {
   const int64_t G = a.H / a.Hkv;

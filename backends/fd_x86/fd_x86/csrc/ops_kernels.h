@@ -1,5 +1,6 @@
 // fd_x86's non-linear decode ops: norm, activation, rotary, KV-cache write,
-// paged decode attention (kernels_ops.cc, compiled for AVX2 + FMA).
+// paged decode attention (kernels_ops.cc, compiled for AVX2 + FMA; the
+// attention also in kernels_attn_avx512.cc, for AVX-512 F/BW/VL/DQ).
 //
 // Same rule as kernels.h: the kernel TU includes no paddle or STL headers,
 // and the op (x86_ops.cc) checks shapes, allocates outputs and scratch and
@@ -37,7 +38,9 @@ void write_kv_cache(const float* k, const float* v, float* k_cache, float* v_cac
 // row of q / out is query_starts[r] + i. Work items are (request, tile of up
 // to `tile` query tokens, kv head): the tile x G query heads of a kv head
 // read each K / V row once; online softmax over chunks of at most 64 tokens
-// within a block. Dh % 8 == 0.
+// within a block; the G query heads of a kv head are processed together
+// (scores two rows x 8 tokens at a time, values as rank-1 updates of a
+// register tile of rows x a Dh slice). Dh % 8 == 0.
 struct AttentionArgs {
   const float* q = nullptr;        // [T, H, Dh]
   const float* k_cache = nullptr;  // [num_blocks * block_size, Hkv, Dh]
@@ -59,5 +62,28 @@ struct AttentionArgs {
 int64_t attention_scratch(int64_t rows, int64_t Dh);
 
 void paged_attention_avx2(const AttentionArgs& a);
+void paged_attention_avx512(const AttentionArgs& a);  // AVX-512 F/BW/VL/DQ
+
+// The fused QKV step (kernels_qkv.cc): token t's row of qkv [T, (H + 2 Hkv) Dh]
+// is [q | k | v]; q and k are rotated at positions[t] (cos_sin as for
+// rotary_avx2) into q_out [T, H, Dh] and k_out [T, Hkv, Dh], v copied to
+// v_out, and k_out / v_out rows stored in the caches [S, Hkv, Dh] at
+// slots[t] (negative: not stored). Positions and slots checked by the caller.
+struct QkvArgs {
+  const float* qkv = nullptr;
+  const int64_t* positions = nullptr;
+  const float* cos_sin = nullptr;
+  const int64_t* slots = nullptr;
+  float* k_cache = nullptr;
+  float* v_cache = nullptr;
+  float* q_out = nullptr;
+  float* k_out = nullptr;
+  float* v_out = nullptr;
+  int64_t T = 0, H = 0, Hkv = 0, Dh = 0;
+  int interleaved = 1;
+  int threads = 1;
+};
+
+void qkv_rope_cache_avx2(const QkvArgs& a);
 
 }  // namespace fdx86

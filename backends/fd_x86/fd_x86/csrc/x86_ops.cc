@@ -13,6 +13,8 @@
 // before a kernel runs, so a bad slot / position / block id is an error, not a
 // stray write. Compiled for baseline x86-64; the kernels need AVX2 + FMA.
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "ops_kernels.h"
@@ -185,14 +187,37 @@ void prepare_attention(const char* op, const paddle::Tensor& q, const paddle::Te
   a->v_cache = v_cache.data<float>();
 }
 
-void run_attention(fdx86::AttentionArgs* a, const std::vector<int64_t>& items, float* out) {
+bool cpu_has_avx512() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }();
+  return has;
+}
+
+// The attention kernel: AVX-512 where the CPU has it, else AVX2.
+// FD_X86_ATTENTION_ISA=avx2 forces the AVX2 one (tests, comparisons);
+// =avx512 on a CPU without it is an error.
+bool attention_avx512(const char* op) {
+  const char* isa = std::getenv("FD_X86_ATTENTION_ISA");
+  if (isa != nullptr && std::strcmp(isa, "avx2") == 0) return false;
+  if (isa != nullptr && std::strcmp(isa, "avx512") == 0)
+    PD_CHECK(cpu_has_avx512(), op, ": FD_X86_ATTENTION_ISA=avx512, but this CPU lacks AVX-512 F/BW/VL/DQ");
+  return cpu_has_avx512();
+}
+
+void run_attention(const char* op, fdx86::AttentionArgs* a, const std::vector<int64_t>& items, float* out) {
   a->items = items.data();
   a->num_items = static_cast<int64_t>(items.size() / 2);
   a->out = out;
   if (a->num_items == 0) return;
   std::vector<float> scratch(a->threads * fdx86::attention_scratch(a->tile * (a->H / a->Hkv), a->Dh));
   a->scratch = scratch.data();
-  fdx86::paged_attention_avx2(*a);
+  if (attention_avx512(op))
+    fdx86::paged_attention_avx512(*a);
+  else
+    fdx86::paged_attention_avx2(*a);
 }
 
 std::vector<paddle::Tensor> DecodeAttention(const paddle::Tensor& q, const paddle::Tensor& k_cache,
@@ -208,7 +233,7 @@ std::vector<paddle::Tensor> DecodeAttention(const paddle::Tensor& q, const paddl
   std::vector<int64_t> items(2 * batch);
   for (int64_t b = 0; b < batch; ++b) items[2 * b] = b, items[2 * b + 1] = 0;
   paddle::Tensor out = paddle::empty(q.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
-  run_attention(&a, items, out.data<float>());
+  run_attention("fd_x86_decode_attention", &a, items, out.data<float>());
   return {out};
 }
 
@@ -240,7 +265,7 @@ std::vector<paddle::Tensor> PrefillAttention(const paddle::Tensor& q, const padd
   a.query_lens = qlens;
   a.query_starts = starts.data();
   paddle::Tensor out = paddle::empty(q.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
-  run_attention(&a, items, out.data<float>());
+  run_attention(op, &a, items, out.data<float>());
   return {out};
 }
 
@@ -340,3 +365,91 @@ PD_BUILD_OP(fd_x86_prefill_attention)
     .SetKernelFn(PD_KERNEL(PrefillAttention))
     .SetInferShapeFn(PD_INFER_SHAPE(PrefillShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(F32x1d));
+
+// ------------------------------------------------- fused QKV -> rope -> cache
+//
+//   fd_x86_qkv_rope_cache(qkv, positions, cos_sin, slots, k_cache, v_cache)
+//       -> q [T, H, Dh], k [T, Hkv, Dh], v [T, Hkv, Dh]
+//
+// qkv [T, (H + 2 Hkv) Dh] is an attention layer's fused projection; q and k
+// come back rotated, and k / v are also stored in the caches at slots (-1:
+// not stored). The caches are written through their data pointers (paddle
+// sees them as inputs): they are never part of an autograd graph.
+namespace {
+
+std::vector<paddle::Tensor> QkvRopeCache(const paddle::Tensor& qkv, const paddle::Tensor& positions,
+                                         const paddle::Tensor& cos_sin, const paddle::Tensor& slots,
+                                         const paddle::Tensor& k_cache, const paddle::Tensor& v_cache,
+                                         int64_t num_heads, int64_t num_kv_heads, bool interleaved, int threads) {
+  const char* op = "fd_x86_qkv_rope_cache";
+  check_isa(op);
+  check_f32(op, "qkv", qkv);
+  check_i64(op, "positions", positions);
+  check_f32(op, "cos_sin", cos_sin);
+  check_i64(op, "slot_mapping", slots);
+  check_f32(op, "k_cache", k_cache);
+  check_f32(op, "v_cache", v_cache);
+  PD_CHECK(qkv.shape().size() == 2, op, ": qkv must be [T, (H + 2 Hkv) * Dh]");
+  PD_CHECK(cos_sin.shape().size() == 2 && k_cache.shape().size() == 3 && k_cache.shape() == v_cache.shape(), op,
+           ": cos_sin must be [max_pos, Dh] and the caches [S, Hkv, Dh] alike");
+  const int64_t tokens = qkv.shape()[0], dh = cos_sin.shape()[1], max_pos = cos_sin.shape()[0];
+  PD_CHECK(num_heads > 0 && num_kv_heads > 0 && dh % 2 == 0, op, ": bad heads ", num_heads, "/", num_kv_heads,
+           " or odd Dh ", dh);
+  PD_CHECK(qkv.shape()[1] == (num_heads + 2 * num_kv_heads) * dh, op, ": qkv has ", qkv.shape()[1],
+           " columns, expected (", num_heads, " + 2 * ", num_kv_heads, ") * ", dh);
+  PD_CHECK(k_cache.shape()[1] == num_kv_heads && k_cache.shape()[2] == dh, op, ": the caches' [Hkv, Dh] are [",
+           k_cache.shape()[1], ", ", k_cache.shape()[2], "], expected [", num_kv_heads, ", ", dh, "]");
+  PD_CHECK(positions.numel() == tokens && slots.numel() == tokens, op, ": qkv has ", tokens, " tokens, positions ",
+           positions.numel(), ", slot_mapping ", slots.numel());
+  const int64_t* pos = positions.data<int64_t>();
+  const int64_t* slot = slots.data<int64_t>();
+  const int64_t rows = k_cache.shape()[0];
+  for (int64_t t = 0; t < tokens; ++t) {
+    PD_CHECK(pos[t] >= 0 && pos[t] < max_pos, op, ": position ", pos[t], " is outside the table [0, ", max_pos, ")");
+    PD_CHECK(slot[t] < rows, op, ": slot ", slot[t], " is past the cache's ", rows, " rows");
+  }
+  paddle::Tensor q = paddle::empty({tokens, num_heads, dh}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  paddle::Tensor k = paddle::empty({tokens, num_kv_heads, dh}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  paddle::Tensor v = paddle::empty({tokens, num_kv_heads, dh}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  fdx86::QkvArgs a;
+  a.qkv = qkv.data<float>();
+  a.positions = pos;
+  a.cos_sin = cos_sin.data<float>();
+  a.slots = slot;
+  a.k_cache = const_cast<float*>(k_cache.data<float>());
+  a.v_cache = const_cast<float*>(v_cache.data<float>());
+  a.q_out = q.data<float>();
+  a.k_out = k.data<float>();
+  a.v_out = v.data<float>();
+  a.T = tokens;
+  a.H = num_heads;
+  a.Hkv = num_kv_heads;
+  a.Dh = dh;
+  a.interleaved = interleaved ? 1 : 0;
+  a.threads = threads < 1 ? 1 : threads;
+  if (tokens > 0) fdx86::qkv_rope_cache_avx2(a);
+  return {q, k, v};
+}
+
+std::vector<std::vector<int64_t>> QkvShape(const std::vector<int64_t>& qkv, const std::vector<int64_t>&,
+                                           const std::vector<int64_t>& cos_sin, const std::vector<int64_t>&,
+                                           const std::vector<int64_t>&, const std::vector<int64_t>&,
+                                           int64_t num_heads, int64_t num_kv_heads) {
+  const int64_t dh = cos_sin.size() == 2 ? cos_sin[1] : -1;
+  return {{qkv[0], num_heads, dh}, {qkv[0], num_kv_heads, dh}, {qkv[0], num_kv_heads, dh}};
+}
+
+std::vector<paddle::DataType> F32x3(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&,
+                                    const paddle::DataType&, const paddle::DataType&, const paddle::DataType&) {
+  return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
+}
+
+}  // namespace
+
+PD_BUILD_OP(fd_x86_qkv_rope_cache)
+    .Inputs({"QKV", "Positions", "CosSin", "Slots", "KCache", "VCache"})
+    .Outputs({"Q", "K", "V"})
+    .Attrs({"num_heads: int64_t", "num_kv_heads: int64_t", "interleaved: bool", "threads: int"})
+    .SetKernelFn(PD_KERNEL(QkvRopeCache))
+    .SetInferShapeFn(PD_INFER_SHAPE(QkvShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(F32x3));

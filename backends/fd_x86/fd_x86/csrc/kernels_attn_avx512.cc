@@ -1,0 +1,331 @@
+// AVX-512 paged attention (see ops_kernels.h): the same work items, chunks
+// and semantics as kernels_ops.cc's AVX2 kernel, laid out for 32 zmm
+// registers. Compiled for AVX-512 F/BW/VL/DQ by the pragma below and only
+// called after __builtin_cpu_supports says so. No paddle / STL headers
+// (kernels.h).
+//
+// Per work item (request, query tile, kv head) the rows = tile x G query
+// heads share every K / V row:
+//   scores  two query rows x 8 tokens at a time: 16 zmm accumulators over
+//           Dh (each K load feeds both rows), reduced by one transpose-add
+//           tree into a zmm of 16 scores (row a's 8 tokens | row b's);
+//   softmax online over chunks of at most 64 tokens within a block, 16
+//           scores per zmm, masked lanes exactly 0;
+//   values  rank-1 updates of a register tile (up to 8 rows x a Dh slice):
+//           one V load per token and slice vector feeds every row.
+// Dh % 8 == 0; a Dh that is not a multiple of 16 runs its last vector masked.
+#include <immintrin.h>
+
+#include <omp.h>
+
+#include <cstdint>
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+// GCC 12 flags the intrinsics' own `__m512 __Y = __Y;` placeholders once
+// they are inlined here; nothing in this file reads an uninitialised value.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include "ops_kernels.h"
+
+namespace {
+
+using fdx86::AttentionArgs;
+
+constexpr int64_t kChunk = 64;  // tokens per online-softmax step
+constexpr float kMasked = -1e30f;
+constexpr int64_t kParallelMin = 1 << 15;  // floats of K / V below which one thread runs it
+
+// exp(x), Cephes' polynomial as in kernels_ops.cc (relative error ~1e-7).
+inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
+  x = _mm512_max_ps(x, _mm512_set1_ps(-88.3762626647949f));
+  __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+  fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  const __m512 z = _mm512_mul_ps(x, x);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_add_ps(_mm512_fmadd_ps(y, z, x), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127));
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
+}
+
+inline float exp1(float x) { return _mm512_cvtss_f32(exp512(_mm512_set1_ps(x))); }
+
+// lane i = sum of the lanes of v[i]
+inline __m512 reduce16(const __m512* v) {
+  __m512 p[8], q[4];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3)
+    p[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: partial sums of v[4i .. 4i+3]
+    const __m512d x = _mm512_castps_pd(p[2 * i]), y = _mm512_castps_pd(p[2 * i + 1]);
+    q[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const __m512 r0 = _mm512_add_ps(_mm512_shuffle_f32x4(q[0], q[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(q[0], q[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 r1 = _mm512_add_ps(_mm512_shuffle_f32x4(q[2], q[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(q[2], q[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(r0, r1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(r0, r1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The cache lines of one K / V row of Dh floats, into L1. K and V rows sit a
+// slot (Hkv * Dh floats) apart in shuffled blocks, which the hardware
+// prefetchers follow poorly: the loads stalled on memory without this.
+template <_mm_hint kHint>
+inline void prefetch_row(const float* row, int64_t Dh) {
+  for (int64_t d = 0; d < Dh; d += 16) _mm_prefetch(reinterpret_cast<const char*>(row + d), kHint);
+}
+
+inline __mmask16 tail_mask(int64_t rem) {
+  return rem >= 16 ? static_cast<__mmask16>(0xFFFF) : rem <= 0 ? 0 : static_cast<__mmask16>((1u << rem) - 1);
+}
+
+// Lanes 0-7: query row qa . the 8 key rows kr[0..7]; lanes 8-15: qb . the same.
+inline __m512 scores_2x8(const float* qa, const float* qb, const float* const* kr, int64_t Dh) {
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  int64_t d = 0;
+  for (; d + 16 <= Dh; d += 16) {
+    const __m512 xa = _mm512_loadu_ps(qa + d), xb = _mm512_loadu_ps(qb + d);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512 k = _mm512_loadu_ps(kr[j] + d);
+      acc[j] = _mm512_fmadd_ps(xa, k, acc[j]);
+      acc[8 + j] = _mm512_fmadd_ps(xb, k, acc[8 + j]);
+    }
+  }
+  if (d < Dh) {
+    const __mmask16 m = tail_mask(Dh - d);
+    const __m512 xa = _mm512_maskz_loadu_ps(m, qa + d), xb = _mm512_maskz_loadu_ps(m, qb + d);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512 k = _mm512_maskz_loadu_ps(m, kr[j] + d);
+      acc[j] = _mm512_fmadd_ps(xa, k, acc[j]);
+      acc[8 + j] = _mm512_fmadd_ps(xb, k, acc[8 + j]);
+    }
+  }
+  return reduce16(acc);
+}
+
+// sc [rows, kChunk] = scores of qs [rows, Dh] against n <= kChunk key rows at
+// positions pos0.. (row t at k + t * stride); a query row sees positions
+// < limit[row]; other lanes, up to a multiple of 8, get kMasked. Prefetches
+// the next 8 key rows and the value rows v (same layout) as it goes.
+void chunk_scores(const float* qs, const float* k, const float* v, int64_t stride, int64_t n, int64_t pos0,
+                  int64_t rows, int64_t Dh, const int32_t* limit, float* sc) {
+  const __m512i lane8 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+  const __m512 masked = _mm512_set1_ps(kMasked);
+  for (int64_t t0 = 0; t0 < n; t0 += 8) {
+    const int64_t nt = n - t0 < 8 ? n - t0 : 8;
+    const float* kr[8];
+    for (int j = 0; j < 8; ++j) kr[j] = k + (t0 + (j < nt ? j : nt - 1)) * stride;
+    for (int64_t t = t0 + 8; t < n && t < t0 + 16; ++t) prefetch_row<_MM_HINT_T0>(k + t * stride, Dh);
+    for (int64_t t = t0; t < t0 + nt; ++t) prefetch_row<_MM_HINT_T1>(v + t * stride, Dh);  // L2: a chunk fills L1
+    const __m512i pos = _mm512_add_epi32(lane8, _mm512_set1_epi32(static_cast<int32_t>(pos0 + t0)));
+    const __mmask16 in_chunk = _mm512_cmplt_epi32_mask(lane8, _mm512_set1_epi32(static_cast<int32_t>(nt)));
+    for (int64_t ra = 0; ra < rows; ra += 2) {
+      const int64_t rb = ra + 1 < rows ? ra + 1 : ra;
+      float* outa = sc + ra * kChunk + t0;
+      float* outb = sc + rb * kChunk + t0;
+      if (limit[ra] <= pos0 + t0 && limit[rb] <= pos0 + t0) {
+        _mm256_storeu_ps(outa, _mm512_castps512_ps256(masked));
+        _mm256_storeu_ps(outb, _mm512_castps512_ps256(masked));
+        continue;
+      }
+      const __m512 s = scores_2x8(qs + ra * Dh, qs + rb * Dh, kr, Dh);
+      const __m512i lim = _mm512_inserti64x4(_mm512_set1_epi32(limit[ra]),
+                                             _mm256_set1_epi32(limit[rb]), 1);
+      const __mmask16 keep = in_chunk & _mm512_cmplt_epi32_mask(pos, lim);
+      const __m512 v = _mm512_mask_mov_ps(masked, keep, s);
+      _mm256_storeu_ps(outa, _mm512_castps512_ps256(v));
+      if (rb != ra) _mm256_storeu_ps(outb, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    }
+  }
+}
+
+// acc[r] = acc[r] * alpha[r] + sum_t p[r][t] v_t for RB rows (p row stride
+// kChunk, acc row stride Dh) and n value rows (row t at v + t * stride), in
+// Dh slices of NS vectors held in registers.
+template <int RB, int NS>
+void values_tile(const float* p, const float* alpha, const float* v, int64_t stride, int64_t n, int64_t Dh,
+                 float* acc) {
+  for (int64_t d = 0; d < Dh; d += 16 * NS) {
+    __mmask16 mk[NS];
+    for (int j = 0; j < NS; ++j) mk[j] = tail_mask(Dh - d - 16 * j);
+    __m512 c[RB][NS];
+    for (int r = 0; r < RB; ++r) {
+      const __m512 al = _mm512_set1_ps(alpha[r]);
+      for (int j = 0; j < NS; ++j)
+        c[r][j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[j], acc + r * Dh + d + 16 * j), al);
+    }
+    const float* vr = v + d;
+    for (int64_t t = 0; t < n; ++t, vr += stride) {
+      __m512 vv[NS];
+      for (int j = 0; j < NS; ++j) vv[j] = _mm512_maskz_loadu_ps(mk[j], vr + 16 * j);
+      for (int r = 0; r < RB; ++r) {
+        const __m512 pb = _mm512_set1_ps(p[r * kChunk + t]);
+        for (int j = 0; j < NS; ++j) c[r][j] = _mm512_fmadd_ps(pb, vv[j], c[r][j]);
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int j = 0; j < NS; ++j) _mm512_mask_storeu_ps(acc + r * Dh + d + 16 * j, mk[j], c[r][j]);
+  }
+}
+
+void values(const float* p, const float* alpha, const float* v, int64_t stride, int64_t n, int64_t rows, int64_t Dh,
+            float* acc) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+    const int64_t rb = rows - r0 < 8 ? rows - r0 : 8;
+    const float* pr = p + r0 * kChunk;
+    const float* al = alpha + r0;
+    float* ac = acc + r0 * Dh;
+    switch (rb) {
+      case 8: values_tile<8, 2>(pr, al, v, stride, n, Dh, ac); break;
+      case 7: values_tile<7, 3>(pr, al, v, stride, n, Dh, ac); break;
+      case 6: values_tile<6, 3>(pr, al, v, stride, n, Dh, ac); break;
+      case 5: values_tile<5, 4>(pr, al, v, stride, n, Dh, ac); break;
+      case 4: values_tile<4, 4>(pr, al, v, stride, n, Dh, ac); break;
+      case 3: values_tile<3, 6>(pr, al, v, stride, n, Dh, ac); break;
+      case 2: values_tile<2, 8>(pr, al, v, stride, n, Dh, ac); break;
+      default: values_tile<1, 8>(pr, al, v, stride, n, Dh, ac); break;
+    }
+  }
+}
+
+// One work item: request r, query tokens [i0, i0 + nq), kv head kvh; query
+// row j = (i - i0) * G + g is head kvh * G + g of token i.
+void attend_item(const AttentionArgs& a, int64_t r, int64_t i0, int64_t kvh, float* scratch) {
+  const int64_t G = a.H / a.Hkv, Dh = a.Dh, bs = a.block_size;
+  const int64_t stride = a.Hkv * Dh;  // floats between consecutive slots
+  const int64_t len = a.seq_lens[r];
+  const int64_t qlen = a.query_lens ? a.query_lens[r] : 1;
+  const int64_t qstart = a.query_starts ? a.query_starts[r] : r;
+  const int64_t nq = qlen - i0 < a.tile ? qlen - i0 : a.tile;
+  const int64_t rows = nq * G;
+  float* qs = scratch;          // [rows, Dh]
+  float* acc = qs + rows * Dh;  // [rows, Dh]
+  float* sc = acc + rows * Dh;  // [rows, kChunk]
+  float* m = sc + rows * kChunk;
+  float* l = m + rows;
+  float* alpha = l + rows;
+  int32_t* limit = reinterpret_cast<int32_t*>(alpha + rows);
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  for (int64_t i = 0; i < nq; ++i) {
+    const float* q = a.q + ((qstart + i0 + i) * a.H + kvh * G) * Dh;
+    float* qi = qs + i * G * Dh;
+    float* ai = acc + i * G * Dh;
+    int64_t e = 0;
+    for (; e + 16 <= G * Dh; e += 16) {
+      _mm512_storeu_ps(qi + e, _mm512_mul_ps(_mm512_loadu_ps(q + e), scale));
+      _mm512_storeu_ps(ai + e, _mm512_setzero_ps());
+    }
+    for (; e < G * Dh; ++e) qi[e] = q[e] * a.scale, ai[e] = 0.0f;
+    for (int64_t g = 0; g < G; ++g) {
+      m[i * G + g] = kMasked;
+      l[i * G + g] = 0.0f;
+      limit[i * G + g] = static_cast<int32_t>(len - qlen + i0 + i + 1);
+    }
+  }
+  const int64_t end = len - qlen + i0 + nq;  // positions the tile's last token sees
+  const int64_t* table = a.block_tables + r * a.W;
+  const __m512 masked = _mm512_set1_ps(kMasked);
+  for (int64_t pos = 0; pos < end;) {
+    const int64_t off = pos % bs;
+    int64_t n = bs - off;
+    if (n > kChunk) n = kChunk;
+    if (n > end - pos) n = end - pos;
+    const int64_t first = (table[pos / bs] * bs + off) * stride + kvh * Dh;
+    chunk_scores(qs, a.k_cache + first, a.v_cache + first, stride, n, pos, rows, Dh, limit, sc);
+    if (pos + n < end) {  // the next chunk's first key rows, while the values run
+      const int64_t next = pos + n, nn = end - next < 8 ? end - next : 8;
+      const float* k_next = a.k_cache + (table[next / bs] * bs + next % bs) * stride + kvh * Dh;
+      for (int64_t t = 0; t < nn && next % bs + t < bs; ++t) prefetch_row<_MM_HINT_T0>(k_next + t * stride, Dh);
+    }
+    const int64_t padded = (n + 7) / 8 * 8;
+    for (int64_t j = 0; j < rows; ++j) {
+      float* p = sc + j * kChunk;
+      if (limit[j] <= pos) {  // sees nothing here: p = 0, acc kept
+        for (int64_t t = 0; t < padded; t += 8) _mm256_storeu_ps(p + t, _mm256_setzero_ps());
+        alpha[j] = 1.0f;
+        continue;
+      }
+      __m512 mx = masked;
+      for (int64_t t = 0; t < padded; t += 16)
+        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(masked, tail_mask(padded - t), p + t));
+      const float chunk_max = _mm512_reduce_max_ps(mx);
+      const float m_new = m[j] > chunk_max ? m[j] : chunk_max;
+      const __m512 mv = _mm512_set1_ps(m_new);
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t t = 0; t < padded; t += 16) {
+        const __mmask16 in = tail_mask(padded - t);
+        const __m512 s = _mm512_mask_loadu_ps(masked, in, p + t);
+        const __mmask16 live = _mm512_cmp_ps_mask(s, _mm512_set1_ps(0.5f * kMasked), _CMP_GT_OQ);
+        const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(s, mv)));
+        _mm512_mask_storeu_ps(p + t, in, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      alpha[j] = m[j] == kMasked ? 0.0f : exp1(m[j] - m_new);
+      l[j] = l[j] * alpha[j] + _mm512_reduce_add_ps(sum);
+      m[j] = m_new;
+    }
+    values(sc, alpha, a.v_cache + first, stride, n, rows, Dh, acc);
+    pos += n;
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    float* out = a.out + ((qstart + i0 + i) * a.H + kvh * G) * Dh;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t j = i * G + g;
+      const float inv = l[j] > 0.0f ? 1.0f / l[j] : 0.0f;
+      const __m512 iv = _mm512_set1_ps(inv);
+      for (int64_t d = 0; d < Dh; d += 16) {
+        const __mmask16 mk = tail_mask(Dh - d);
+        _mm512_mask_storeu_ps(out + g * Dh + d, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, acc + j * Dh + d), iv));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace fdx86 {
+
+void paged_attention_avx512(const AttentionArgs& a) {
+  const int64_t G = a.H / a.Hkv;
+  const int64_t per_thread = attention_scratch(a.tile * G, a.Dh);
+  const int64_t items = a.num_items * a.Hkv;
+  int64_t work = 0;  // K / V floats read, summed over work items
+  for (int64_t i = 0; i < a.num_items; ++i) {
+    const int64_t r = a.items[2 * i];
+    const int64_t qlen = a.query_lens ? a.query_lens[r] : 1;
+    const int64_t last = a.items[2 * i + 1] + a.tile < qlen ? a.items[2 * i + 1] + a.tile : qlen;
+    work += a.seq_lens[r] - qlen + last;
+  }
+  work *= a.Hkv * a.Dh * 2;
+  int nt = a.threads;
+  if (nt <= 1 || work < kParallelMin || items < 2) nt = 1;
+  if (items < nt) nt = static_cast<int>(items);
+  if (nt == 1) {
+    for (int64_t i = 0; i < items; ++i)
+      attend_item(a, a.items[2 * (i / a.Hkv)], a.items[2 * (i / a.Hkv) + 1], i % a.Hkv, a.scratch);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    float* scratch = a.scratch + per_thread * omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < items; ++i)
+      attend_item(a, a.items[2 * (i / a.Hkv)], a.items[2 * (i / a.Hkv) + 1], i % a.Hkv, scratch);
+  }
+}
+
+}  // namespace fdx86
