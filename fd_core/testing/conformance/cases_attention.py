@@ -260,7 +260,7 @@ def _run_fused_step(
         v = put(v)
         call("write_kv_cache", k=k, v=v, slot_mapping=args["slot_mapping"], **caches)
     else:
-        q, k, v = fd.call_fused("rope_and_write_kv_cache", qkv=put(qkv), cos_sin=put(data["cos_sin"], "float32"),
+        q, k, v = fd.call_fused("rope_and_write_kv_cache", qkv=put(qkv), cos_sin=fd.device(data["cos_sin"], "float32"),
                                 num_heads=step.heads, num_kv_heads=step.kv_heads, **args, **caches)
     real = sum(step.query_lens)
     decoded = prefilled = None
