@@ -24,16 +24,27 @@ __all__ = ["decode_attention", "prefill_attention", "rms_norm", "rope_and_write_
 DECODE_KEY, PREFILL_KEY = "x86.decode", "x86.prefill"
 
 
-def _paddle() -> Any:
-    import paddle
+_PADDLE: Any = None
 
-    return paddle
+
+def _paddle() -> Any:
+    global _PADDLE
+    if _PADDLE is None:
+        import paddle
+
+        _PADDLE = paddle
+    return _PADDLE
 
 
 def _host(*tensors: Any) -> bool:
-    """True when every tensor is fp32 in CPU memory."""
+    """True when every tensor is fp32 and the first in CPU memory (one op's
+    tensors share a place; a mixed call fails the op's own checks). Runs
+    ~6 times per layer per step, so it is kept to a few attribute reads."""
     f32 = _paddle().float32
-    return all(t.dtype == f32 and t.place.is_cpu_place() for t in tensors)
+    for t in tensors:
+        if t.dtype != f32:
+            return False
+    return bool(tensors[0].place.is_cpu_place())
 
 
 def _dense(t: Any) -> Any:

@@ -386,12 +386,24 @@ void paged_attention_avx2(const AttentionArgs& a) {
       attend_item(a, a.items[2 * (i / a.Hkv)], a.items[2 * (i / a.Hkv) + 1], i % a.Hkv, a.scratch);
     return;
   }
+  // With enough (request, tile) items, a thread takes all kv heads of one:
+  // a token's K / V rows for every head are adjacent, so the second head
+  // reads what the hardware prefetcher brought in for the first. Split by
+  // head across threads, two cores stream the same lines twice (measured:
+  // 2 threads slower than 1 at B=32 on Zen 4).
+  const bool by_request = a.num_items >= 2 * nt;
 #pragma omp parallel num_threads(nt)
   {
     float* scratch = a.scratch + per_thread * omp_get_thread_num();
+    if (by_request) {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < items; ++i)
-      attend_item(a, a.items[2 * (i / a.Hkv)], a.items[2 * (i / a.Hkv) + 1], i % a.Hkv, scratch);
+      for (int64_t i = 0; i < a.num_items; ++i)
+        for (int64_t h = 0; h < a.Hkv; ++h) attend_item(a, a.items[2 * i], a.items[2 * i + 1], h, scratch);
+    } else {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < items; ++i)
+        attend_item(a, a.items[2 * (i / a.Hkv)], a.items[2 * (i / a.Hkv) + 1], i % a.Hkv, scratch);
+    }
   }
 }
 
