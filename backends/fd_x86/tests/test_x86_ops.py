@@ -283,6 +283,36 @@ def test_attention_kernels_agree_and_threads_do_not_change_the_answer(monkeypatc
     np.testing.assert_allclose(got["avx512", 1], got["avx2", 1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("qlens,seq_lens", [
+    ([4], [150]),             # one tile: split by kv head across threads
+    ([40, 3, 1], [170, 3, 90]),  # many tiles: each thread a range of whole tiles
+])
+def test_prefill_attention_threads_do_not_change_the_answer(
+    qlens: list[int], seq_lens: list[int], attention_isa: str
+) -> None:
+    from fd_x86.build import load_ops
+
+    rng = np.random.default_rng(len(qlens))
+    bs, need = 64, [(n + 63) // 64 for n in seq_lens]
+    order = [int(b) for b in rng.permutation(sum(need) + 2)]
+    tables, used = [], 0
+    for n in need:
+        tables.append(order[used:used + n])
+        used += n
+    meta = AttentionMetadata.build(qlens, seq_lens, tables, bs, 0)
+    k_cache, v_cache = (_t(rng.normal(0, 1, ((sum(need) + 2) * bs, 2, 128)).astype(np.float32)) for _ in range(2))
+    q = _t(rng.normal(0, 1, (sum(qlens), 16, 128)).astype(np.float32))
+    width = max(need)
+    tab = _t(np.array([t + [0] * (width - len(t)) for t in tables], dtype=np.int64))
+    lens = _t(np.array(seq_lens, dtype=np.int64))
+    ql = _t(np.array(qlens, dtype=np.int64))
+    got = [load_ops().fd_x86_prefill_attention(q, k_cache, v_cache, tab, lens, ql, bs, 0.088, threads).numpy()
+           for threads in (1, 2)]
+    np.testing.assert_array_equal(got[0], got[1])
+    want = reference_prefill_attention(q, None, None, k_cache, v_cache, meta, 0.088)
+    np.testing.assert_allclose(got[0], want.numpy(), rtol=2e-5, atol=2e-5)
+
+
 def test_hooks_leave_other_dtypes_and_shapes_to_the_reference() -> None:
     x64 = paddle.ones([2, 8], dtype="float64")
     assert backend.fd_rms_norm(x=x64, weight=paddle.ones([8], dtype="float64"), eps=1e-6, residual=None) is None

@@ -14,6 +14,14 @@
 //   values  rank-1 updates of a register tile (up to 8 rows x a Dh slice):
 //           one V load per token and slice vector feeds every row.
 // Dh % 8 == 0; a Dh that is not a multiple of 16 runs its last vector masked.
+//
+// Memory (the K / V rows come from DRAM in a decode step: the matmuls between
+// layers evict them): with enough requests a unit of work is a (request,
+// tile) with all its kv heads, each chunk's heads in turn, so a chunk's K
+// (and V) rows are one contiguous run; each thread takes a contiguous range
+// of units of about equal work (not a dynamic schedule) and a stream
+// prefetcher (Stream) walks that range kAhead tokens ahead of the compute,
+// across chunks, blocks and units, into L2.
 #include <immintrin.h>
 
 #include <omp.h>
@@ -120,9 +128,11 @@ inline __m512 scores_2x8(const float* qa, const float* qb, const float* const* k
 // sc [rows, kChunk] = scores of qs [rows, Dh] against n <= kChunk key rows at
 // positions pos0.. (row t at k + t * stride); a query row sees positions
 // < limit[row]; other lanes, up to a multiple of 8, get kMasked. Prefetches
-// the next 8 key rows and the value rows v (same layout) as it goes.
-void chunk_scores(const float* qs, const float* k, const float* v, int64_t stride, int64_t n, int64_t pos0,
-                  int64_t rows, int64_t Dh, const int32_t* limit, float* sc) {
+// the next 8 key rows into L1 as it goes, and calls ahead(t) after the
+// first t rows (the stream prefetcher's pace).
+template <class Ahead>
+void chunk_scores(const float* qs, const float* k, int64_t stride, int64_t n, int64_t pos0, int64_t rows,
+                  int64_t Dh, const int32_t* limit, float* sc, const Ahead& ahead) {
   const __m512i lane8 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
   const __m512 masked = _mm512_set1_ps(kMasked);
   for (int64_t t0 = 0; t0 < n; t0 += 8) {
@@ -130,7 +140,7 @@ void chunk_scores(const float* qs, const float* k, const float* v, int64_t strid
     const float* kr[8];
     for (int j = 0; j < 8; ++j) kr[j] = k + (t0 + (j < nt ? j : nt - 1)) * stride;
     for (int64_t t = t0 + 8; t < n && t < t0 + 16; ++t) prefetch_row<_MM_HINT_T0>(k + t * stride, Dh);
-    for (int64_t t = t0; t < t0 + nt; ++t) prefetch_row<_MM_HINT_T1>(v + t * stride, Dh);  // L2: a chunk fills L1
+    ahead(t0 + nt);
     const __m512i pos = _mm512_add_epi32(lane8, _mm512_set1_epi32(static_cast<int32_t>(pos0 + t0)));
     const __mmask16 in_chunk = _mm512_cmplt_epi32_mask(lane8, _mm512_set1_epi32(static_cast<int32_t>(nt)));
     for (int64_t ra = 0; ra < rows; ra += 2) {
@@ -202,9 +212,76 @@ void values(const float* p, const float* alpha, const float* v, int64_t stride, 
   }
 }
 
-// One work item: request r, query tokens [i0, i0 + nq), kv head kvh; query
-// row j = (i - i0) * G + g is head kvh * G + g of token i.
-void attend_item(const AttentionArgs& a, int64_t r, int64_t i0, int64_t kvh, float* scratch) {
+// A thread's work: units u in [begin, end) of its share. Unit u is item
+// u / Hkv with kv head u % Hkv alone, or with by_request item u and all kv
+// heads (a token's K / V rows for every head are adjacent, so a chunk of
+// them is one contiguous run of memory).
+struct Units {
+  const AttentionArgs* a;
+  bool by_request;
+  int64_t count() const { return by_request ? a->num_items : a->num_items * a->Hkv; }
+  int64_t item(int64_t u) const { return by_request ? u : u / a->Hkv; }
+  int64_t head0(int64_t u) const { return by_request ? 0 : u % a->Hkv; }
+  int64_t heads() const { return by_request ? a->Hkv : 1; }
+  // positions the unit's last query token sees: its K / V rows are 0 .. end-1
+  int64_t end(int64_t u) const {
+    const int64_t i = item(u), r = a->items[2 * i], i0 = a->items[2 * i + 1];
+    const int64_t qlen = a->query_lens ? a->query_lens[r] : 1;
+    const int64_t last = i0 + a->tile < qlen ? i0 + a->tile : qlen;
+    return a->seq_lens[r] - qlen + last;
+  }
+};
+
+// Software prefetch into L2 of the K / V rows a thread reads next, running a
+// fixed number of tokens ahead of the compute across chunks, blocks and
+// units. Slots of a block are 1 KB+ apart and blocks are scattered, so the
+// hardware prefetchers (which stop at 4 KB pages) bring in little of it.
+struct Stream {
+  const Units* units;
+  int64_t u = 0, u_end = 0, pos = 0, end = 0;
+  int64_t issued = 0;  // tokens prefetched so far
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t lines = 0;  // cache lines of one token's rows (heads of the unit)
+
+  void start(int64_t unit) {
+    u = unit;
+    pos = 0;
+    if (u >= u_end) return;
+    end = units->end(u);
+    const AttentionArgs& a = *units->a;
+    k = a.k_cache + units->head0(u) * a.Dh;
+    v = a.v_cache + units->head0(u) * a.Dh;
+    lines = (units->heads() * a.Dh * 4 + 63) / 64;
+  }
+  void run_to(int64_t target) {
+    const AttentionArgs& a = *units->a;
+    const int64_t stride = a.Hkv * a.Dh, bs = a.block_size;
+    while (issued < target && u < u_end) {
+      const int64_t* table = a.block_tables + a.items[2 * units->item(u)] * a.W;
+      const int64_t slot = table[pos / bs] * bs + pos % bs;
+      const char* kr = reinterpret_cast<const char*>(k + slot * stride);
+      const char* vr = reinterpret_cast<const char*>(v + slot * stride);
+      for (int64_t c = 0; c < lines; ++c) {
+        _mm_prefetch(kr + 64 * c, _MM_HINT_T1);
+        _mm_prefetch(vr + 64 * c, _MM_HINT_T1);
+      }
+      ++issued;
+      if (++pos >= end) start(u + 1);
+    }
+  }
+};
+
+// Tokens the stream prefetcher runs ahead of the compute (K + V of every
+// head of the unit: 32 KB at Hkv = 2, Dh = 128). Measured on Zen 4 at B = 8
+// / 32, ctx 140 and B = 1, ctx 5000: 8 and 16 too few, 32 - 128 alike.
+constexpr int64_t kAhead = 32;
+
+// One unit: request r, query tokens [i0, i0 + nq), kv heads [h0, h0 + nh);
+// query row j = (i - i0) * G + g of head h is head h * G + g of token i.
+// `done` tokens of the thread's stream precede this unit.
+void attend_unit(const AttentionArgs& a, int64_t r, int64_t i0, int64_t h0, int64_t nh, float* scratch,
+                 Stream* pf, int64_t done) {
   const int64_t G = a.H / a.Hkv, Dh = a.Dh, bs = a.block_size;
   const int64_t stride = a.Hkv * Dh;  // floats between consecutive slots
   const int64_t len = a.seq_lens[r];
@@ -212,30 +289,32 @@ void attend_item(const AttentionArgs& a, int64_t r, int64_t i0, int64_t kvh, flo
   const int64_t qstart = a.query_starts ? a.query_starts[r] : r;
   const int64_t nq = qlen - i0 < a.tile ? qlen - i0 : a.tile;
   const int64_t rows = nq * G;
-  float* qs = scratch;          // [rows, Dh]
-  float* acc = qs + rows * Dh;  // [rows, Dh]
-  float* sc = acc + rows * Dh;  // [rows, kChunk]
-  float* m = sc + rows * kChunk;
-  float* l = m + rows;
-  float* alpha = l + rows;
+  // per head: qs [rows, Dh], acc [rows, Dh], m [rows], l [rows]
+  const int64_t per_head = rows * (2 * Dh + 2);
+  float* sc = scratch + nh * per_head;  // [rows, kChunk], shared by the heads
+  float* alpha = sc + rows * kChunk;
   int32_t* limit = reinterpret_cast<int32_t*>(alpha + rows);
   const __m512 scale = _mm512_set1_ps(a.scale);
-  for (int64_t i = 0; i < nq; ++i) {
-    const float* q = a.q + ((qstart + i0 + i) * a.H + kvh * G) * Dh;
-    float* qi = qs + i * G * Dh;
-    float* ai = acc + i * G * Dh;
-    int64_t e = 0;
-    for (; e + 16 <= G * Dh; e += 16) {
-      _mm512_storeu_ps(qi + e, _mm512_mul_ps(_mm512_loadu_ps(q + e), scale));
-      _mm512_storeu_ps(ai + e, _mm512_setzero_ps());
-    }
-    for (; e < G * Dh; ++e) qi[e] = q[e] * a.scale, ai[e] = 0.0f;
-    for (int64_t g = 0; g < G; ++g) {
-      m[i * G + g] = kMasked;
-      l[i * G + g] = 0.0f;
-      limit[i * G + g] = static_cast<int32_t>(len - qlen + i0 + i + 1);
+  for (int64_t h = 0; h < nh; ++h) {
+    float* qs = scratch + h * per_head;
+    float* acc = qs + rows * Dh;
+    float* m = acc + rows * Dh;
+    float* l = m + rows;
+    for (int64_t i = 0; i < nq; ++i) {
+      const float* q = a.q + ((qstart + i0 + i) * a.H + (h0 + h) * G) * Dh;
+      float* qi = qs + i * G * Dh;
+      float* ai = acc + i * G * Dh;
+      int64_t e = 0;
+      for (; e + 16 <= G * Dh; e += 16) {
+        _mm512_storeu_ps(qi + e, _mm512_mul_ps(_mm512_loadu_ps(q + e), scale));
+        _mm512_storeu_ps(ai + e, _mm512_setzero_ps());
+      }
+      for (; e < G * Dh; ++e) qi[e] = q[e] * a.scale, ai[e] = 0.0f;
+      for (int64_t g = 0; g < G; ++g) m[i * G + g] = kMasked, l[i * G + g] = 0.0f;
     }
   }
+  for (int64_t i = 0; i < nq; ++i)
+    for (int64_t g = 0; g < G; ++g) limit[i * G + g] = static_cast<int32_t>(len - qlen + i0 + i + 1);
   const int64_t end = len - qlen + i0 + nq;  // positions the tile's last token sees
   const int64_t* table = a.block_tables + r * a.W;
   const __m512 masked = _mm512_set1_ps(kMasked);
@@ -244,54 +323,84 @@ void attend_item(const AttentionArgs& a, int64_t r, int64_t i0, int64_t kvh, flo
     int64_t n = bs - off;
     if (n > kChunk) n = kChunk;
     if (n > end - pos) n = end - pos;
-    const int64_t first = (table[pos / bs] * bs + off) * stride + kvh * Dh;
-    chunk_scores(qs, a.k_cache + first, a.v_cache + first, stride, n, pos, rows, Dh, limit, sc);
-    if (pos + n < end) {  // the next chunk's first key rows, while the values run
-      const int64_t next = pos + n, nn = end - next < 8 ? end - next : 8;
-      const float* k_next = a.k_cache + (table[next / bs] * bs + next % bs) * stride + kvh * Dh;
-      for (int64_t t = 0; t < nn && next % bs + t < bs; ++t) prefetch_row<_MM_HINT_T0>(k_next + t * stride, Dh);
-    }
-    const int64_t padded = (n + 7) / 8 * 8;
-    for (int64_t j = 0; j < rows; ++j) {
-      float* p = sc + j * kChunk;
-      if (limit[j] <= pos) {  // sees nothing here: p = 0, acc kept
-        for (int64_t t = 0; t < padded; t += 8) _mm256_storeu_ps(p + t, _mm256_setzero_ps());
-        alpha[j] = 1.0f;
-        continue;
+    const int64_t first = (table[pos / bs] * bs + off) * stride + h0 * Dh;
+    for (int64_t h = 0; h < nh; ++h) {
+      float* qs = scratch + h * per_head;
+      float* acc = qs + rows * Dh;
+      float* m = acc + rows * Dh;
+      float* l = m + rows;
+      const int64_t kv = first + h * Dh;
+      // the stream runs kAhead tokens past this chunk's share done so far
+      const auto ahead = [&](int64_t t) { pf->run_to(done + pos + (h * n + t) / nh + kAhead); };
+      chunk_scores(qs, a.k_cache + kv, stride, n, pos, rows, Dh, limit, sc, ahead);
+      if (pos + n < end || h + 1 < nh) {  // the next key rows, while the values run
+        const int64_t next = h + 1 < nh ? pos : pos + n, nn = end - next < 8 ? end - next : 8;
+        const float* k_next = a.k_cache + (table[next / bs] * bs + next % bs) * stride + h0 * Dh +
+                              (h + 1 < nh ? h + 1 : 0) * Dh;
+        for (int64_t t = 0; t < nn && next % bs + t < bs; ++t) prefetch_row<_MM_HINT_T0>(k_next + t * stride, Dh);
       }
-      __m512 mx = masked;
-      for (int64_t t = 0; t < padded; t += 16)
-        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(masked, tail_mask(padded - t), p + t));
-      const float chunk_max = _mm512_reduce_max_ps(mx);
-      const float m_new = m[j] > chunk_max ? m[j] : chunk_max;
-      const __m512 mv = _mm512_set1_ps(m_new);
-      __m512 sum = _mm512_setzero_ps();
-      for (int64_t t = 0; t < padded; t += 16) {
-        const __mmask16 in = tail_mask(padded - t);
-        const __m512 s = _mm512_mask_loadu_ps(masked, in, p + t);
-        const __mmask16 live = _mm512_cmp_ps_mask(s, _mm512_set1_ps(0.5f * kMasked), _CMP_GT_OQ);
-        const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(s, mv)));
-        _mm512_mask_storeu_ps(p + t, in, e);
-        sum = _mm512_add_ps(sum, e);
+      const int64_t padded = (n + 7) / 8 * 8;
+      for (int64_t j = 0; j < rows; ++j) {
+        float* p = sc + j * kChunk;
+        if (limit[j] <= pos) {  // sees nothing here: p = 0, acc kept
+          for (int64_t t = 0; t < padded; t += 8) _mm256_storeu_ps(p + t, _mm256_setzero_ps());
+          alpha[j] = 1.0f;
+          continue;
+        }
+        __m512 mx = masked;
+        for (int64_t t = 0; t < padded; t += 16)
+          mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(masked, tail_mask(padded - t), p + t));
+        const float chunk_max = _mm512_reduce_max_ps(mx);
+        const float m_new = m[j] > chunk_max ? m[j] : chunk_max;
+        const __m512 mv = _mm512_set1_ps(m_new);
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t t = 0; t < padded; t += 16) {
+          const __mmask16 in = tail_mask(padded - t);
+          const __m512 s = _mm512_mask_loadu_ps(masked, in, p + t);
+          const __mmask16 live = _mm512_cmp_ps_mask(s, _mm512_set1_ps(0.5f * kMasked), _CMP_GT_OQ);
+          const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(s, mv)));
+          _mm512_mask_storeu_ps(p + t, in, e);
+          sum = _mm512_add_ps(sum, e);
+        }
+        alpha[j] = m[j] == kMasked ? 0.0f : exp1(m[j] - m_new);
+        l[j] = l[j] * alpha[j] + _mm512_reduce_add_ps(sum);
+        m[j] = m_new;
       }
-      alpha[j] = m[j] == kMasked ? 0.0f : exp1(m[j] - m_new);
-      l[j] = l[j] * alpha[j] + _mm512_reduce_add_ps(sum);
-      m[j] = m_new;
+      values(sc, alpha, a.v_cache + kv, stride, n, rows, Dh, acc);
     }
-    values(sc, alpha, a.v_cache + first, stride, n, rows, Dh, acc);
     pos += n;
   }
-  for (int64_t i = 0; i < nq; ++i) {
-    float* out = a.out + ((qstart + i0 + i) * a.H + kvh * G) * Dh;
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t j = i * G + g;
-      const float inv = l[j] > 0.0f ? 1.0f / l[j] : 0.0f;
-      const __m512 iv = _mm512_set1_ps(inv);
-      for (int64_t d = 0; d < Dh; d += 16) {
-        const __mmask16 mk = tail_mask(Dh - d);
-        _mm512_mask_storeu_ps(out + g * Dh + d, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, acc + j * Dh + d), iv));
+  for (int64_t h = 0; h < nh; ++h) {
+    const float* acc = scratch + h * per_head + rows * Dh;
+    const float* l = acc + rows * Dh + rows;
+    for (int64_t i = 0; i < nq; ++i) {
+      float* out = a.out + ((qstart + i0 + i) * a.H + (h0 + h) * G) * Dh;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t j = i * G + g;
+        const float inv = l[j] > 0.0f ? 1.0f / l[j] : 0.0f;
+        const __m512 iv = _mm512_set1_ps(inv);
+        for (int64_t d = 0; d < Dh; d += 16) {
+          const __mmask16 mk = tail_mask(Dh - d);
+          _mm512_mask_storeu_ps(out + g * Dh + d, mk,
+                                _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, acc + j * Dh + d), iv));
+        }
       }
     }
+  }
+}
+
+// Units [begin, end) in order, with one stream prefetcher running ahead.
+void run_units(const Units& units, int64_t begin, int64_t end, float* scratch) {
+  const AttentionArgs& a = *units.a;
+  Stream pf;
+  pf.units = &units;
+  pf.u_end = end;
+  pf.start(begin);
+  int64_t done = 0;
+  for (int64_t u = begin; u < end; ++u) {
+    const int64_t i = units.item(u);
+    attend_unit(a, a.items[2 * i], a.items[2 * i + 1], units.head0(u), units.heads(), scratch, &pf, done);
+    done += units.end(u);
   }
 }
 
@@ -300,43 +409,38 @@ void attend_item(const AttentionArgs& a, int64_t r, int64_t i0, int64_t kvh, flo
 namespace fdx86 {
 
 void paged_attention_avx512(const AttentionArgs& a) {
-  const int64_t G = a.H / a.Hkv;
-  const int64_t per_thread = attention_scratch(a.tile * G, a.Dh);
-  const int64_t items = a.num_items * a.Hkv;
-  int64_t work = 0;  // K / V floats read, summed over work items
-  for (int64_t i = 0; i < a.num_items; ++i) {
-    const int64_t r = a.items[2 * i];
-    const int64_t qlen = a.query_lens ? a.query_lens[r] : 1;
-    const int64_t last = a.items[2 * i + 1] + a.tile < qlen ? a.items[2 * i + 1] + a.tile : qlen;
-    work += a.seq_lens[r] - qlen + last;
-  }
-  work *= a.Hkv * a.Dh * 2;
-  int nt = a.threads;
-  if (nt <= 1 || work < kParallelMin || items < 2) nt = 1;
-  if (items < nt) nt = static_cast<int>(items);
+  const int64_t per_thread = attention_scratch(a.tile * a.H, a.Dh);
+  int nt = a.threads < 1 ? 1 : a.threads;
+  // With enough (request, tile) items, a unit is an item with all its kv
+  // heads (one contiguous run of K / V per chunk); else an item's kv head.
+  const Units units{&a, a.num_items >= 2 * nt};
+  const int64_t count = units.count();
+  int64_t work = 0;  // K / V tokens read, summed over units
+  for (int64_t u = 0; u < count; ++u) work += units.end(u);
+  if (nt <= 1 || work * units.heads() * a.Dh * 2 < kParallelMin || count < 2) nt = 1;
+  if (count < nt) nt = static_cast<int>(count);
   if (nt == 1) {
-    for (int64_t i = 0; i < items; ++i)
-      attend_item(a, a.items[2 * (i / a.Hkv)], a.items[2 * (i / a.Hkv) + 1], i % a.Hkv, a.scratch);
+    run_units(units, 0, count, a.scratch);
     return;
   }
-  // With enough (request, tile) items, a thread takes all kv heads of one:
-  // a token's K / V rows for every head are adjacent, so the second head
-  // reads what the hardware prefetcher brought in for the first. Split by
-  // head across threads, two cores stream the same lines twice (measured:
-  // 2 threads slower than 1 at B=32 on Zen 4).
-  const bool by_request = a.num_items >= 2 * nt;
+  // Each thread takes a contiguous range of units of about equal work, so
+  // its prefetcher knows what comes next.
+  int64_t bounds[65];
+  if (nt > 64) nt = 64;
+  bounds[0] = 0;
+  {
+    int64_t u = 0, sum = 0;
+    for (int t = 1; t < nt; ++t) {
+      const int64_t target = work * t / nt;
+      while (u < count && sum + units.end(u) / 2 < target) sum += units.end(u++);
+      bounds[t] = u;
+    }
+    bounds[nt] = count;
+  }
 #pragma omp parallel num_threads(nt)
   {
-    float* scratch = a.scratch + per_thread * omp_get_thread_num();
-    if (by_request) {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < a.num_items; ++i)
-        for (int64_t h = 0; h < a.Hkv; ++h) attend_item(a, a.items[2 * i], a.items[2 * i + 1], h, scratch);
-    } else {
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < items; ++i)
-        attend_item(a, a.items[2 * (i / a.Hkv)], a.items[2 * (i / a.Hkv) + 1], i % a.Hkv, scratch);
-    }
+    const int t = omp_get_thread_num();
+    run_units(units, bounds[t], bounds[t + 1], a.scratch + per_thread * t);
   }
 }
 

@@ -40,7 +40,9 @@ void write_kv_cache(const float* k, const float* v, float* k_cache, float* v_cac
 // read each K / V row once; online softmax over chunks of at most 64 tokens
 // within a block; the G query heads of a kv head are processed together
 // (scores two rows x 8 tokens at a time, values as rank-1 updates of a
-// register tile of rows x a Dh slice). Dh % 8 == 0.
+// register tile of rows x a Dh slice). Dh % 8 == 0. The AVX-512 kernel
+// runs all kv heads of an item together once there are enough items, each
+// thread a contiguous range of items with a software stream prefetcher.
 struct AttentionArgs {
   const float* q = nullptr;        // [T, H, Dh]
   const float* k_cache = nullptr;  // [num_blocks * block_size, Hkv, Dh]
@@ -54,11 +56,12 @@ struct AttentionArgs {
   float* out = nullptr;  // [T, H, Dh]
   int64_t R = 0, H = 0, Hkv = 0, Dh = 0, W = 0, block_size = 0, tile = 1;
   float scale = 1.0f;
-  float* scratch = nullptr;  // threads * attention_scratch(tile * H / Hkv, Dh) floats
+  float* scratch = nullptr;  // threads * attention_scratch(tile * H, Dh) floats
   int threads = 1;
 };
 
-// Floats of scratch one thread needs for `rows` query rows (tile x G).
+// Floats of scratch one thread needs for `rows` query rows (tile x H: every
+// kv head's rows at once).
 int64_t attention_scratch(int64_t rows, int64_t Dh);
 
 void paged_attention_avx2(const AttentionArgs& a);

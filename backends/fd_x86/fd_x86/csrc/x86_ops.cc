@@ -212,7 +212,7 @@ void run_attention(const char* op, fdx86::AttentionArgs* a, const std::vector<in
   a->num_items = static_cast<int64_t>(items.size() / 2);
   a->out = out;
   if (a->num_items == 0) return;
-  std::vector<float> scratch(a->threads * fdx86::attention_scratch(a->tile * (a->H / a->Hkv), a->Dh));
+  std::vector<float> scratch(a->threads * fdx86::attention_scratch(a->tile * a->H, a->Dh));
   a->scratch = scratch.data();
   if (attention_avx512(op))
     fdx86::paged_attention_avx512(*a);
