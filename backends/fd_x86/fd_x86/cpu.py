@@ -8,13 +8,17 @@ what will run without loading the op.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
-__all__ = ["CpuFeatures", "KernelChoice", "choose_kernels", "cpu_features"]
+__all__ = ["AMX_MIN_ROWS", "CpuFeatures", "KernelChoice", "amx_enabled", "choose_kernels", "cpu_features"]
 
 AVX512_VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
 AVX2_FLAGS = ("avx2", "fma")
 AMX_FLAGS = ("amx_tile", "amx_int8")
+# x86_linear_op.cc's kAmxMinRows: packed w8a8 calls with at least this many
+# rows (and K % 64 == 0) run the AMX kernel where the CPU has AMX
+AMX_MIN_ROWS = 12
 # the fp32 ops x86_ops.cc answers (kernels_ops.cc, AVX2 + FMA on either ISA)
 DECODE_OPS = ("fp32 native: rms_norm (+residual), silu_and_mul, rotary, kv-cache write, fused qkv->rope->cache "
               "(avx2), paged decode and prefill attention (avx512 where the CPU has it, else avx2)")
@@ -57,16 +61,24 @@ class KernelChoice:
     reason: str = ""  # why isa is None
 
 
+def amx_enabled(features: CpuFeatures) -> bool:
+    """The op's choice (x86_linear_op.cc): AMX-TILE + AMX-INT8 + AVX-512 VNNI
+    and ``FD_X86_AMX`` not "0". The op also needs the OS to grant the tile
+    data (Linux >= 5.16), which only the op asks for."""
+    return features.has(*AMX_FLAGS, *AVX512_VNNI_FLAGS) and os.environ.get("FD_X86_AMX") != "0"
+
+
 def choose_kernels(features: CpuFeatures | None = None) -> KernelChoice:
     features = features or cpu_features()
-    amx = (
-        "AMX-int8 not implemented (untestable without an AMX CPU)"
-        if features.has(*AMX_FLAGS)
-        else "no AMX on this CPU"
-    )
     if features.has(*AVX512_VNNI_FLAGS):
+        if amx_enabled(features):
+            w8a8 = (f"w8a8: AMX-int8 tiles (tdpbsud, 32x32) for M >= {AMX_MIN_ROWS} (K % 64 == 0), "
+                    "avx512-vnni vpdpbusd 8x32 tiles below, on repacked weights (FD_X86_AMX=0: vnni only)")
+        else:
+            amx = "AMX off: FD_X86_AMX=0" if features.has(*AMX_FLAGS) else "no AMX on this CPU"
+            w8a8 = f"w8a8: avx512-vnni vpdpbusd on repacked weights, 8x32 tiles ({amx})"
         return KernelChoice("avx512", (
-            f"w8a8: avx512-vnni vpdpbusd on repacked weights, 8x32 tiles ({amx})",
+            w8a8,
             "wint8/wint4: avx512 fp32 FMA, weights dequantized in registers",
             DECODE_OPS,
         ))

@@ -56,6 +56,15 @@ void wint8_packed_avx512(const LinearArgs& a);
 void wint4_packed_avx512(const LinearArgs& a);
 void w8a8_packed_avx512_vnni(const LinearArgs& a);
 
+// AMX-int8 (kernels_amx.cc): w8a8 on the same packed weight, the same
+// results bit for bit; needs amx_available() and K % 64 == 0 (a.ldq == K).
+// Returns false (nothing written) when its row buffer cannot be allocated.
+bool w8a8_packed_amx(const LinearArgs& a);
+// kernels_cpu.cc (baseline x86-64): CPUID says AMX-TILE + AMX-INT8 (and
+// AVX-512 VNNI) and the OS granted this process the tile data state
+// (arch_prctl ARCH_REQ_XCOMP_PERM, Linux >= 5.16); asked once, cached.
+bool amx_available();
+
 void wint8_avx2(const LinearArgs& a);
 void wint4_avx2(const LinearArgs& a);
 void w8a8_avx2(const LinearArgs& a);

@@ -1,0 +1,57 @@
+"""The AMX-int8 w8a8 kernel: the listing's choice, and the standalone
+harness (tests/amx_harness: AMX == VNNI bit for bit) where the CPU has AMX."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from fd_x86.build import CSRC
+from fd_x86.cpu import (
+    AMX_FLAGS,
+    AMX_MIN_ROWS,
+    AVX512_VNNI_FLAGS,
+    CpuFeatures,
+    choose_kernels,
+    cpu_features,
+)
+
+HARNESS = Path(__file__).parent / "amx_harness" / "run.sh"
+AVX512 = frozenset("avx2 fma avx512f avx512bw avx512vl avx512dq avx512_vnni".split())
+
+
+def test_listing_reports_amx_for_amx_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FD_X86_AMX", raising=False)
+    amx = CpuFeatures("test", AVX512 | set(AMX_FLAGS))
+    choice = choose_kernels(amx)
+    assert choice.isa == "avx512"
+    assert choice.summary[0].startswith(f"w8a8: AMX-int8 tiles (tdpbsud, 32x32) for M >= {AMX_MIN_ROWS}")
+    assert "K % 64 == 0" in choice.summary[0] and "avx512-vnni" in choice.summary[0]
+    monkeypatch.setenv("FD_X86_AMX", "0")
+    assert "AMX off: FD_X86_AMX=0" in choose_kernels(amx).summary[0]
+    monkeypatch.delenv("FD_X86_AMX")
+    assert "no AMX on this CPU" in choose_kernels(CpuFeatures("test", AVX512)).summary[0]
+    # AMX without the AVX-512 VNNI the kernel's epilogue and the packing need: no AMX
+    assert choose_kernels(CpuFeatures("test", frozenset({"avx2", "fma", *AMX_FLAGS}))).isa == "avx2"
+
+
+def test_row_threshold_matches_the_op() -> None:
+    source = (CSRC / "x86_linear_op.cc").read_text()
+    match = re.search(r"constexpr int64_t kAmxMinRows = (\d+);", source)
+    assert match is not None and int(match.group(1)) == AMX_MIN_ROWS
+
+
+@pytest.mark.skipif(not cpu_features().has(*AMX_FLAGS, *AVX512_VNNI_FLAGS),
+                    reason="no AMX-TILE/AMX-INT8 (+ AVX-512 VNNI) on this CPU: the harness's AMX part cannot run")
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to build the harness")
+def test_amx_harness_bit_exact(tmp_path: Path) -> None:
+    env = {**os.environ, "BUILD_DIR": str(tmp_path), "OMP_NUM_THREADS": "4"}
+    proc = subprocess.run(["bash", str(HARNESS)], env=env, capture_output=True, text=True, timeout=600)
+    if "SKIP AMX part" in proc.stdout:
+        pytest.skip(proc.stdout.splitlines()[0])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "PASSED" in proc.stdout and "amx vs vnni bit-exact" in proc.stdout
