@@ -139,7 +139,10 @@ class ModelRunner:
             ])
         else:
             logits_rows = (ends - 1)[np.asarray(needs, dtype=bool)]
+        # every row in order (a decode-only step): no gather of the hidden states
+        whole = len(logits_rows) == len(flat) and bool((logits_rows == np.arange(len(flat))).all())
         with paddle.no_grad():
             return self.model.forward(
-                paddle.to_tensor(flat), meta, self.kv_caches, paddle.to_tensor(logits_rows.astype(np.int64))
+                paddle.to_tensor(flat), meta, self.kv_caches,
+                None if whole else paddle.to_tensor(logits_rows.astype(np.int64)),
             )

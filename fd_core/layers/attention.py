@@ -51,7 +51,8 @@ class Attention:
         nd = meta.num_decodes
         parts = []
         if nd:
-            parts.append(self.ops.decode_attention(q[:nd], cache.k, cache.v, meta, self.scale))
+            decode_q = q if nd == num_tokens else q[:nd]  # a slice is a paddle op: skip it when whole
+            parts.append(self.ops.decode_attention(decode_q, cache.k, cache.v, meta, self.scale))
         if nd < num_tokens:
             parts.append(self.ops.prefill_attention(
                 q[nd:], k[nd:], v[nd:], cache.k, cache.v, meta, self.scale

@@ -125,7 +125,7 @@ class Ernie4_5ForCausalLM:
             self.lm_head.weight.set(self.embed_tokens.data.t().contiguous())
 
     def forward(self, input_ids: Any, meta: Any, caches: list[KVCache], logits_indices: Any) -> Any:
-        """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]``."""
+        """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]`` (None: every row)."""
         h = paddle.gather(self.embed_tokens.data, input_ids)  # [T, D]
         residual = None
         for layer, cache in zip(self.layers, caches):
