@@ -24,19 +24,19 @@ impl = hookimpl(trylast=True)
 
 
 def num_threads() -> int:
-    """Threads for CPU kernels: FD_CPU_NUM_THREADS, else the usable cores.
-    Called by every native kernel call, so the answer is cached per value of
-    the variable (the affinity mask is read once per process)."""
-    return _num_threads(os.environ.get("FD_CPU_NUM_THREADS"))
-
-
-@functools.lru_cache(maxsize=16)
-def _num_threads(raw: str | None) -> int:
+    """Threads for CPU kernels: FD_CPU_NUM_THREADS (read once, as every
+    ``fd_core.envs`` variable), else the usable cores (read once: every
+    native kernel call asks)."""
     configured = envs.get("FD_CPU_NUM_THREADS")
     if configured is not None:
         if configured < 1:
             raise ValueError(f"FD_CPU_NUM_THREADS must be >= 1, got {configured}")
         return int(configured)
+    return _usable_cores()
+
+
+@functools.lru_cache(maxsize=1)
+def _usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

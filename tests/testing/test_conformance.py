@@ -52,6 +52,25 @@ _BROKEN_RMS_NORM = textwrap.dedent('''
 ''')
 
 
+# the fused split-rotate-store that stores k where v belongs: its q/k/v are right,
+# only the attention over the cache can tell
+_BROKEN_FUSED_STORE = textwrap.dedent('''
+    @hookimpl
+    def fd_rope_and_write_kv_cache(qkv, positions, cos_sin, interleaved, num_heads, num_kv_heads,
+                                   k_cache, v_cache, slot_mapping):
+        import paddle
+        from fd_core.ops.attention import reference_write_kv_cache
+        from fd_core.ops.rope import reference_rotary_embedding
+        tokens, width = qkv.shape
+        dh = width // (num_heads + 2 * num_kv_heads)
+        q, k, v = paddle.split(qkv, [num_heads * dh, num_kv_heads * dh, num_kv_heads * dh], axis=-1)
+        q, k = reference_rotary_embedding(q.reshape([tokens, num_heads, dh]),
+                                          k.reshape([tokens, num_kv_heads, dh]), positions, cos_sin, interleaved)
+        reference_write_kv_cache(k, k, k_cache, v_cache, slot_mapping)
+        return q, k, v.reshape([tokens, num_kv_heads, dh])
+''')
+
+
 def _install_backend(site: Path, name: str, source: str) -> None:
     """A one-module distribution ``fd-test-{name}`` whose entry point in
     ``fd_core.backends`` is ``name``; importable once ``site`` is on PYTHONPATH."""
@@ -189,3 +208,15 @@ def test_wrong_kernel_fails_the_model_level_cases(workdir: Path, site: Path) -> 
     failed = re.findall(r"^FAILED \S+::(\w+)\[?", result.stdout, re.M)
     assert set(failed) == {"test_tiny_model_greedy_tokens_and_logprobs"}, output
     assert "diverge from the reference (backend 'broken')" in result.stdout or "logprobs differ" in result.stdout, output
+
+
+def test_wrong_fused_store_fails_its_case(workdir: Path, site: Path) -> None:
+    _install_backend(site, "broken", _DEVICE_HOOKS.format(
+        name="broken", availability="Availability.ok()") + _BROKEN_FUSED_STORE)
+    result = _run_suite(workdir, "--fd-backend", "broken", "-k", "rope_and_write or paged_attention", site=site)
+    output = result.stdout + result.stderr
+    assert result.returncode == pytest.ExitCode.TESTS_FAILED, output
+    failed = re.findall(r"^FAILED \S+::(\w+)\[?", result.stdout, re.M)
+    assert failed and set(failed) == {"test_rope_and_write_kv_cache_step"}, output
+    assert "attention over the stored k/v" in result.stdout, output
+    assert re.search(r"^  rope_and_write_kv_cache: +native$", result.stdout, re.M), output

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 NAME = "fd_x86_ops"
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("x86_linear_op.cc", "kernels_avx512.cc", "kernels_avx2.cc", "x86_ops.cc", "kernels_ops.cc", "kernels_qkv.cc",
+SOURCES = ("x86_linear_op.cc", "kernels_avx512.cc", "kernels_avx2.cc", "x86_ops.cc", "kernels_ops.cc",
            "kernels_attn_avx512.cc", "kernels_amx.cc", "kernels_cpu.cc")
 HEADERS = ("kernels.h", "tiling.h", "ops_kernels.h")
 # No -march=native: each kernel TU targets its ISA with #pragma GCC target

@@ -109,9 +109,14 @@ class Swap:
 def _run_step(
     fd: Harness, on_reference: bool, step: Step, num_blocks: int, tables: list[list[int]],
     data: dict[str, np.ndarray], kv_dtype: str, swap: Swap | None = None,
-) -> tuple[Any, Any]:
+    fused: bool | None = None,
+) -> tuple[Any, ...]:
     """Allocate, write the context (and maybe swap it out and back in), write
-    the step (with padding rows), attend.
+    the step (with padding rows), attend. Returns (decoded, prefilled, (q, k, v)).
+
+    With ``fused`` (the rope layout: True interleaved, False neox) the step's
+    tokens are stored by ``rope_and_write_kv_cache`` from a fused qkv; the
+    reference splits, rotates and writes with its unfused kernels.
 
     Inputs are in the compute dtype, as a model gives them; the backend's
     cache is ``kv_dtype``, the reference's fp32."""
@@ -144,18 +149,43 @@ def _run_step(
                  src_blocks=swap.old, dst_blocks=swap.host, block_size=bs)
             call("copy_kv_blocks", src_cache=host_cache, dst_cache=device_cache,
                  src_blocks=swap.host, dst_blocks=swap.new, block_size=bs)
-    call("write_kv_cache", k=put(data["k_pad"]), v=put(data["v_pad"]),
-         slot_mapping=put(data["slots_pad"]), **caches)
-    q, scale = data["q"], step.head_dim**-0.5
+    if fused is None:
+        call("write_kv_cache", k=put(data["k_pad"]), v=put(data["v_pad"]),
+             slot_mapping=put(data["slots_pad"]), **caches)
+        q, k, v = put(data["q"]), put(data["k_pad"]), put(data["v_pad"])
+    else:
+        q, k, v = _store_fused(fd, on_reference, step, data, fused, caches)
+    scale = step.head_dim**-0.5
+    real = sum(step.query_lens)
     decoded = prefilled = None
     if num_decodes:
-        decoded = call("decode_attention", q=put(q[:num_decodes]), metadata=meta, scale=scale,
-                       **caches)
+        decoded = call("decode_attention", q=q[:num_decodes], metadata=meta, scale=scale, **caches)
     if step.prefills:
-        new = slice(num_decodes, len(q))
-        prefilled = call("prefill_attention", q=put(q[new]), k=put(data["k_pad"][new]),
-                         v=put(data["v_pad"][new]), metadata=meta, scale=scale, **caches)
-    return decoded, prefilled
+        new = slice(num_decodes, real)
+        prefilled = call("prefill_attention", q=q[new], k=k[new], v=v[new], metadata=meta, scale=scale,
+                         **caches)
+    return decoded, prefilled, (q, k, v)
+
+
+def _store_fused(fd: Harness, on_reference: bool, step: Step, data: dict[str, np.ndarray],
+                 interleaved: bool, caches: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The step's q/k/v (padding rows included) rotated, k/v stored: the
+    backend through ``rope_and_write_kv_cache``, the reference unfused."""
+    tokens = len(data["k_pad"])
+    if on_reference:
+        put = fd.host
+        q, k, v = (data[name].reshape(tokens, -1, step.head_dim) for name in ("q_pad", "k_pad", "v_pad"))
+        q, k = fd.call_reference("rotary_embedding", q=put(q), k=put(k), cos_sin=put(data["cos_sin"]),
+                                 positions=put(data["positions_pad"]), interleaved=interleaved)
+        v = put(v)
+        fd.call_reference("write_kv_cache", k=k, v=v, slot_mapping=put(data["slots_pad"]), **caches)
+        return q, k, v
+    qkv = np.concatenate([data[name].reshape(tokens, -1) for name in ("q_pad", "k_pad", "v_pad")], axis=1)
+    return fd.call_fused(  # type: ignore[no-any-return]
+        "rope_and_write_kv_cache", qkv=fd.device(qkv), cos_sin=fd.device(data["cos_sin"], "float32"),
+        positions=fd.device(data["positions_pad"]), slot_mapping=fd.device(data["slots_pad"]),
+        interleaved=interleaved, num_heads=step.heads, num_kv_heads=step.kv_heads, **caches,
+    )
 
 
 def _step_data(fd: Harness, step: Step, tables: list[list[int]], kv_dtype: str,
@@ -189,7 +219,7 @@ def _describe(fd: Harness, step: Step, kv_dtype: str) -> str:
             f"dtype={fd.dtype} kv={kv_dtype}")
 
 
-def _compare(fd: Harness, step: Step, case: str, got: tuple[Any, Any], want: tuple[Any, Any],
+def _compare(fd: Harness, step: Step, case: str, got: tuple[Any, ...], want: tuple[Any, ...],
              kv_dtype: str) -> None:
     tol = fd.tol(fd.dtype, kv_dtype)
     if step.decode_lens:
@@ -226,54 +256,6 @@ def test_swapped_blocks_attend_the_same(conformance: Harness, step: Step, kv_dty
              kv_dtype)
 
 
-def _run_fused_step(
-    fd: Harness, on_reference: bool, step: Step, num_blocks: int, tables: list[list[int]],
-    data: dict[str, np.ndarray], kv_dtype: str, interleaved: bool,
-) -> tuple[Any, ...]:
-    """The step with the new tokens stored by ``rope_and_write_kv_cache``
-    from a fused qkv (padding rows included); the reference splits, rotates
-    and writes with its unfused kernels. Returns (q, k, v, decoded, prefilled)."""
-    call = fd.call_reference if on_reference else fd.call
-    put = fd.host if on_reference else fd.device
-    where: contextlib.AbstractContextManager[None] = (
-        fd.on_host() if on_reference else contextlib.nullcontext()
-    )
-    num_decodes, bs = len(step.decode_lens), step.block_size
-    with where:
-        meta = AttentionMetadata.build(step.query_lens, step.seq_lens, tables, bs, num_decodes)
-    shape = {"block_size": bs, "num_kv_heads": step.kv_heads, "head_dim": step.head_dim,
-             "dtype": "float32" if on_reference else kv_dtype}
-    k_cache, v_cache = call("allocate_kv_cache", num_blocks=num_blocks, location="device", **shape)
-    caches = {"k_cache": k_cache, "v_cache": v_cache}
-    if len(data["ctx_slots"]):
-        call("write_kv_cache", k=put(data["ctx_k"]), v=put(data["ctx_v"]),
-             slot_mapping=put(data["ctx_slots"]), **caches)
-    tokens = len(data["k_pad"])
-    qkv = np.concatenate([data["q_pad"].reshape(tokens, -1), data["k_pad"].reshape(tokens, -1),
-                          data["v_pad"].reshape(tokens, -1)], axis=1)
-    args = {"positions": put(data["positions_pad"]), "slot_mapping": put(data["slots_pad"]),
-            "interleaved": interleaved}
-    if on_reference:
-        q, k, v = (data[name].reshape(tokens, -1, step.head_dim) for name in ("q_pad", "k_pad", "v_pad"))
-        q, k = call("rotary_embedding", q=put(q), k=put(k), cos_sin=put(data["cos_sin"]),
-                    positions=args["positions"], interleaved=interleaved)
-        v = put(v)
-        call("write_kv_cache", k=k, v=v, slot_mapping=args["slot_mapping"], **caches)
-    else:
-        q, k, v = fd.call_fused("rope_and_write_kv_cache", qkv=put(qkv), cos_sin=fd.device(data["cos_sin"], "float32"),
-                                num_heads=step.heads, num_kv_heads=step.kv_heads, **args, **caches)
-    real = sum(step.query_lens)
-    decoded = prefilled = None
-    scale = step.head_dim**-0.5
-    if num_decodes:
-        decoded = call("decode_attention", q=q[:num_decodes], metadata=meta, scale=scale, **caches)
-    if step.prefills:
-        new = slice(num_decodes, real)
-        prefilled = call("prefill_attention", q=q[new], k=k[new], v=v[new], metadata=meta, scale=scale,
-                         **caches)
-    return q, k, v, decoded, prefilled
-
-
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
 @pytest.mark.parametrize("step", STEPS, ids=[s.name for s in STEPS])
 def test_rope_and_write_kv_cache_step(conformance: Harness, step: Step, kv_dtype: str, interleaved: bool) -> None:
@@ -292,9 +274,9 @@ def test_rope_and_write_kv_cache_step(conformance: Harness, step: Step, kv_dtype
         meta = AttentionMetadata.build(step.query_lens, step.seq_lens, tables, step.block_size,
                                        len(step.decode_lens))
     data["positions_pad"] = np.concatenate([meta.positions.numpy(), np.zeros(PADDING_ROWS, dtype=np.int64)])
-    got = _run_fused_step(fd, False, step, num_blocks, tables, data, kv_dtype, interleaved)
-    want = _run_fused_step(fd, True, step, num_blocks, tables, data, kv_dtype, interleaved)
+    got = _run_step(fd, False, step, num_blocks, tables, data, kv_dtype, fused=interleaved)
+    want = _run_step(fd, True, step, num_blocks, tables, data, kv_dtype, fused=interleaved)
     case = _describe(fd, step, kv_dtype) + f" interleaved={interleaved} qkv rows={tokens}"
-    for name, g, w in zip(("q", "k", "v"), got[:3], want[:3]):
+    for name, g, w in zip(("q", "k", "v"), got[2], want[2]):
         fd.assert_close("rope_and_write_kv_cache", f"{case} ({name})", g, w, fd.tol())
-    _compare(fd, step, case + " (attention over the stored k/v)", got[3:], want[3:], kv_dtype)
+    _compare(fd, step, case + " (attention over the stored k/v)", got, want, kv_dtype)

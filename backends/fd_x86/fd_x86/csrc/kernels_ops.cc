@@ -127,6 +127,26 @@ void rotate_token(const float* x, float* out, int64_t heads, int64_t dh, const f
   }
 }
 
+// The fused QKV step for token t: token t's row of qkv is [q | k | v].
+void qkv_token(const fdx86::QkvArgs& a, int64_t t) {
+  const int64_t dh = a.Dh, q_size = a.H * dh, kv_size = a.Hkv * dh;
+  const float* row = a.qkv + t * (q_size + 2 * kv_size);
+  const float* c = a.cos_sin + a.positions[t] * dh;
+  float* q = a.q_out + t * q_size;
+  float* k = a.k_out + t * kv_size;
+  float* v = a.v_out + t * kv_size;
+  rotate_token(row, q, a.H, dh, c, a.interleaved);
+  rotate_token(row + q_size, k, a.Hkv, dh, c, a.interleaved);
+  const float* v_in = row + q_size + kv_size;
+  for (int64_t i = 0; i < kv_size; ++i) v[i] = v_in[i];
+  const int64_t slot = a.slots[t];
+  if (slot < 0) return;
+  float* k_dst = a.k_cache + slot * kv_size;
+  float* v_dst = a.v_cache + slot * kv_size;
+  for (int64_t i = 0; i < kv_size; ++i) k_dst[i] = k[i];
+  for (int64_t i = 0; i < kv_size; ++i) v_dst[i] = v[i];
+}
+
 using fdx86::AttentionArgs;
 
 constexpr float kMasked = -1e30f;
@@ -405,6 +425,16 @@ void paged_attention_avx2(const AttentionArgs& a) {
         attend_item(a, a.items[2 * (i / a.Hkv)], a.items[2 * (i / a.Hkv) + 1], i % a.Hkv, scratch);
     }
   }
+}
+
+void qkv_rope_cache_avx2(const QkvArgs& a) {
+  const int64_t work = a.T * (a.H + 2 * a.Hkv) * a.Dh;
+  if (a.threads <= 1 || a.T < 2 || work < kParallelMin) {
+    for (int64_t t = 0; t < a.T; ++t) qkv_token(a, t);
+    return;
+  }
+#pragma omp parallel for num_threads(a.threads) schedule(static)
+  for (int64_t t = 0; t < a.T; ++t) qkv_token(a, t);
 }
 
 }  // namespace fdx86

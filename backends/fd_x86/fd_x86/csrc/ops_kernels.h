@@ -67,7 +67,7 @@ int64_t attention_scratch(int64_t rows, int64_t Dh);
 void paged_attention_avx2(const AttentionArgs& a);
 void paged_attention_avx512(const AttentionArgs& a);  // AVX-512 F/BW/VL/DQ
 
-// The fused QKV step (kernels_qkv.cc): token t's row of qkv [T, (H + 2 Hkv) Dh]
+// The fused QKV step (kernels_ops.cc): token t's row of qkv [T, (H + 2 Hkv) Dh]
 // is [q | k | v]; q and k are rotated at positions[t] (cos_sin as for
 // rotary_avx2) into q_out [T, H, Dh] and k_out [T, Hkv, Dh], v copied to
 // v_out, and k_out / v_out rows stored in the caches [S, Hkv, Dh] at
