@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fd_core._paddle import import_paddle
 from fd_core.backends.base import Ops
 from fd_core.layers.basic import Linear
+from fd_core.ops.decoder import self_attention
 
 __all__ = ["Attention", "KVCache"]
-
-paddle = import_paddle()
 
 
 class KVCache:
@@ -43,19 +41,7 @@ class Attention:
 
     def __call__(self, x: Any, cos_sin: Any, meta: Any, cache: KVCache) -> Any:
         # x: [T, D]
-        num_tokens = x.shape[0]
-        q, k, v = self.ops.rope_and_write_kv_cache(
-            self.qkv_proj(x), meta.positions, cos_sin, self.interleaved_rope, self.num_heads, self.num_kv_heads,
-            cache.k, cache.v, meta.slot_mapping,
+        return self_attention(
+            self.ops, x, self.qkv_proj.weight.data, self.o_proj.weight.data, cos_sin, meta, cache.k, cache.v,
+            self.num_heads, self.num_kv_heads, self.scale, self.interleaved_rope,
         )
-        nd = meta.num_decodes
-        parts = []
-        if nd:
-            decode_q = q if nd == num_tokens else q[:nd]  # a slice is a paddle op: skip it when whole
-            parts.append(self.ops.decode_attention(decode_q, cache.k, cache.v, meta, self.scale))
-        if nd < num_tokens:
-            parts.append(self.ops.prefill_attention(
-                q[nd:], k[nd:], v[nd:], cache.k, cache.v, meta, self.scale
-            ))
-        out = parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)
-        return self.o_proj(out.reshape([num_tokens, self.q_size]))

@@ -23,6 +23,7 @@ from fd_core.layers.basic import Linear, RMSNorm
 from fd_core.layers.mlp import GatedMLP, MoE
 from fd_core.layers.param import Param
 from fd_core.models.config import ModelConfig
+from fd_core.ops.decoder import DecoderLayerWeights
 from fd_core.ops._host import as_array, on_host
 from fd_core.ops.rope import rope_cos_sin
 
@@ -57,6 +58,30 @@ class DecoderLayer:
             )
         else:
             self.mlp = GatedMLP(ops, c.hidden_size, c.intermediate_size)
+        self.ops = ops
+
+    def weights(self) -> DecoderLayerWeights:
+        """A dense layer's weights as ``fd_decoder_layer`` takes them."""
+        attn, mlp = self.self_attn, self.mlp
+        assert isinstance(mlp, GatedMLP)
+        return DecoderLayerWeights(
+            self.input_layernorm.weight.data, self.post_attention_layernorm.weight.data, self.input_layernorm.eps,
+            attn.qkv_proj.weight.data, attn.o_proj.weight.data, mlp.up_gate_proj.weight.data,
+            mlp.down_proj.weight.data, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale,
+            attn.interleaved_rope,
+        )
+
+    def __call__(self, h: Any, residual: Any | None, cos_sin: Any, meta: Any, cache: KVCache) -> tuple[Any, Any]:
+        """``(hidden, residual)`` in and out (``residual`` None in the first layer)."""
+        if isinstance(self.mlp, GatedMLP):  # one call, fused where the backend can
+            return self.ops.decoder_layer(self.weights(), h, residual, cos_sin, meta, cache.k, cache.v)
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(x, cos_sin, meta, cache)
+        x, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(x), residual
 
 
 class Ernie4_5ForCausalLM:
@@ -129,13 +154,7 @@ class Ernie4_5ForCausalLM:
         h = paddle.gather(self.embed_tokens.data, input_ids)  # [T, D]
         residual = None
         for layer, cache in zip(self.layers, caches):
-            if residual is None:
-                x, residual = layer.input_layernorm(h), h
-            else:
-                x, residual = layer.input_layernorm(h, residual)
-            h = layer.self_attn(x, self.cos_sin, meta, cache)
-            x, residual = layer.post_attention_layernorm(h, residual)
-            h = layer.mlp(x)
+            h, residual = layer(h, residual, self.cos_sin, meta, cache)
         h, _ = self.norm(h, residual)
         if logits_indices is not None and logits_indices.shape[0] == 0:
             return None

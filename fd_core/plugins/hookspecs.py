@@ -207,6 +207,30 @@ def fd_rope_and_write_kv_cache(
 
 
 @hookspec(firstresult=True)
+def fd_decoder_layer(
+    layer: Any,
+    hidden: Tensor,
+    residual: Tensor | None,
+    cos_sin: Tensor,
+    metadata: Any,
+    k_cache: Tensor,
+    v_cache: Tensor,
+) -> Any:
+    """Optional fusion of a whole dense decoder layer (norm, attention block,
+    norm, gated MLP) into one call.
+
+    ``layer`` is a ``fd_core.ops.decoder.DecoderLayerWeights``; ``hidden
+    [T, D]`` and ``residual`` (None in the first layer) are the residual
+    stream as the model carries it. Must equal
+    ``fd_core.ops.decoder.compose_decoder_layer``, which chains the unfused
+    hooks, and returns the same ``(hidden, residual)``. The reference does
+    not implement it (``Ops`` composes then). A backend answers the cases it
+    has a kernel for (say, decode-only steps with its quantized weights) and
+    returns None for the rest. Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
 def fd_prefill_attention(
     q: Tensor,
     k: Tensor,

@@ -5,7 +5,9 @@ Kernel hooks answered by paddle custom C++ ops: ``fd_linear`` for
 ``QuantizedWeight``s of wint8, wint4 and w8a8 (``fd_x86.linear``), and for
 fp32 CPU tensors ``fd_rms_norm``, ``fd_silu_and_mul``,
 ``fd_rotary_embedding``, ``fd_write_kv_cache``, ``fd_decode_attention`` and
-``fd_prefill_attention`` (``fd_x86.ops``). Unquantized linears, MoE,
+``fd_prefill_attention`` (``fd_x86.ops``); the optional fusions
+``fd_rope_and_write_kv_cache`` and, for decode steps with packed quantized
+weights, ``fd_decoder_layer`` (``fd_x86.layer``). Unquantized linears, MoE,
 sampling, the cache allocation / block copies and any input those ops do not
 take return None here, so fd-core's reference answers.
 
@@ -168,3 +170,11 @@ def fd_rope_and_write_kv_cache(qkv: Any, positions: Any, cos_sin: Any, interleav
 
     return _native(ops.rope_and_write_kv_cache, qkv, positions, cos_sin, interleaved, num_heads, num_kv_heads,
                    k_cache, v_cache, slot_mapping)
+
+
+@hookimpl
+def fd_decoder_layer(layer: Any, hidden: Any, residual: Any, cos_sin: Any, metadata: Any, k_cache: Any,
+                     v_cache: Any) -> Any:
+    from fd_x86.layer import decoder_layer
+
+    return _native(decoder_layer, layer, hidden, residual, cos_sin, metadata, k_cache, v_cache)

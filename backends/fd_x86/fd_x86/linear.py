@@ -14,7 +14,8 @@ On AVX-512 VNNI CPUs the first call repacks the weight once into blocks of
 the ``QuantizedWeight`` (``quant.backend_cache["x86"]``, keyed by the
 ``qweight`` / ``scales`` tensor objects: replacing them repacks, writing
 into them in place does not). That costs one more copy of the weight
-(about its size); ``FD_X86_REPACK=0`` turns it off (the contract-layout
+(about its size), in transparent huge pages (``fd_x86.memory``);
+``FD_X86_REPACK=0`` turns it off (the contract-layout
 kernels then run, several times slower at batch > 1).
 """
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from fd_core.backends.cpu import num_threads
 from fd_x86.build import load_ops
+from fd_x86.memory import host_tensor
 
 __all__ = ["ISAS", "METHODS", "pack_weight", "quantized_linear"]
 
@@ -84,7 +86,6 @@ def _packed(quant: Any) -> tuple[Any, Any] | None:
     """(packed weight, its scales) as paddle tensors, cached on ``quant``;
     None where this weight is not packed (not 2-D, or ``quant`` takes no
     attributes): the contract-layout kernels answer then."""
-    import paddle
 
     if len(quant.qweight.shape) != 2:
         return None
@@ -99,7 +100,7 @@ def _packed(quant: Any) -> tuple[Any, Any] | None:
     if entry is not None and entry[0] is quant.qweight and entry[1] is quant.scales:
         return entry[2], entry[3]
     w, s = pack_weight(quant.method, quant.qweight.numpy(), quant.scales.numpy())
-    packed_w, packed_s = paddle.to_tensor(w), paddle.to_tensor(np.ascontiguousarray(s, dtype=np.float32))
+    packed_w, packed_s = host_tensor(w), host_tensor(np.ascontiguousarray(s, dtype=np.float32))
     cache["x86"] = (quant.qweight, quant.scales, packed_w, packed_s)
     return packed_w, packed_s
 

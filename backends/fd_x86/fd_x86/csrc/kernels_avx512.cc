@@ -205,6 +205,16 @@ struct W8A8 {
 //   w8a8:  uint8 [N16][K4][16][4] = w ^ 0x80  (K padded to 4 with w = 0)
 // Work items: kBlocks blocks (32 channels); register tiles MB rows x NB blocks.
 
+// Software prefetch this many bytes ahead in each weight stream: at a few
+// rows the kernels convert weights about as fast as DRAM delivers them, and
+// the hardware prefetcher alone left ~20% of the bandwidth unused (measured
+// on Zen 4 at 1 row: 18.7 -> 15.0 ms for 361 MB of wint8 weights).
+constexpr int64_t kPrefetchAhead = 1024;
+
+inline void prefetch_ahead(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T0);
+}
+
 inline int32_t load_i32(const void* p) {
   int32_t v;
   __builtin_memcpy(&v, p, 4);
@@ -275,6 +285,10 @@ struct Wint8Packed {
         for (int j = 0; j < NB; ++j) acc[u][i][j] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + U <= K; k += U) {
+      if ((k & 3) == 0) {  // one prefetch per 64-byte line of each stream
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) prefetch_ahead(w + (j * K + k) * 16);
+      }
 #pragma GCC unroll 4
       for (int u = 0; u < U; ++u) {
 #pragma GCC unroll 4
@@ -340,6 +354,10 @@ struct Wint4Packed {
 #pragma GCC unroll 4
           for (int j = 0; j < NB; ++j) gacc[h][i][j] = _mm512_setzero_ps();
       for (int64_t b = g * gh; b < b1; ++b) {
+        if ((b & 3) == 0) {
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) prefetch_ahead(w + (j * Kh + b) * 16);
+        }
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j) {
           const __m512i v = _mm512_cvtepi8_epi32(
@@ -397,7 +415,10 @@ struct W8A8Packed {
       for (int u = 0; u < U; ++u) {
         __m512i wv[NB];
 #pragma GCC unroll 4
-        for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_si512(w + (j * K4 + kb + u) * 64);
+        for (int j = 0; j < NB; ++j) {
+          prefetch_ahead(w + (j * K4 + kb + u) * 64);
+          wv[j] = _mm512_loadu_si512(w + (j * K4 + kb + u) * 64);
+        }
 #pragma GCC unroll 8
         for (int i = 0; i < MB; ++i) {
           const __m512i xb = _mm512_set1_epi32(load_i32(x + i * ldq + (kb + u) * 4));

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "packed_linear.h"
 #include "paddle/extension.h"
 
 namespace {
@@ -97,6 +98,66 @@ fdx86::LinearArgs prepare(const char* op, const paddle::Tensor& x, const paddle:
 
 }  // namespace
 
+namespace fdx86 {
+
+LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t K, const paddle::Tensor& packed,
+                              const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads) {
+  PD_CHECK(packed.is_cpu() && scales.is_cpu(), op, ": the packed weight and scales must be on the CPU");
+  PD_CHECK(packed.is_contiguous() && scales.is_contiguous(), op, ": packed and scales must be contiguous");
+  PD_CHECK(packed.dtype() == paddle::DataType::INT8 || packed.dtype() == paddle::DataType::UINT8, op,
+           ": packed must be int8 / uint8");
+  PD_CHECK(scales.dtype() == paddle::DataType::FLOAT32, op, ": scales must be float32");
+  PD_CHECK(method >= 0 && method <= 2, op, ": method must be 0, 1 or 2, got ", method);
+  PD_CHECK(cpu_has_avx512_vnni(), op, ": the packed kernels need AVX-512 VNNI");
+  LinearArgs a;
+  a.M = M;
+  a.K = K;
+  a.N = n;
+  a.x = x;
+  a.w = packed.data();
+  a.scales = scales.data<float>();
+  a.threads = threads < 1 ? 1 : threads;
+  const int64_t n16 = round_up(a.N, 16);
+  int64_t want = n16 * a.K;
+  if (method == 1) {
+    PD_CHECK(a.K % 2 == 0, op, ": wint4 needs an even K");
+    a.group_size = group_size <= 0 ? a.K : group_size;
+    PD_CHECK(a.group_size % 2 == 0, op, ": group_size must be even, got ", group_size);
+    a.groups = (a.K + a.group_size - 1) / a.group_size;
+    want = n16 * a.K / 2;
+    PD_CHECK(scales.numel() == n16 * a.groups, op, ": packed wint4 scales must have ", n16 * a.groups,
+             " values, got ", scales.numel());
+  } else {
+    if (method == 2) want = n16 * round_up(a.K, 4);
+    PD_CHECK(scales.numel() == a.N, op, ": scales must have N = ", a.N, " entries");
+  }
+  PD_CHECK(packed.numel() == want, op, ": packed weight has ", packed.numel(), " bytes, expected ", want,
+           " for K = ", a.K, ", N = ", a.N);
+  return a;
+}
+
+void run_packed_linear(LinearArgs a, int method) {
+  if (a.M == 0 || a.N == 0) return;
+  if (method == 0) {
+    wint8_packed_avx512(a);
+  } else if (method == 1) {
+    wint4_packed_avx512(a);
+  } else {
+    a.ldq = round_up(a.K, 64);
+    std::vector<int8_t> xq(a.M * a.ldq);
+    std::vector<float> xscale(a.M);
+    std::vector<int32_t> xsum(a.M);
+    quantize_rows_avx512(a.x, a.M, a.K, xq.data(), a.ldq, xscale.data(), xsum.data(), a.threads);
+    a.xq = xq.data();
+    a.xscale = xscale.data();
+    a.xsum = xsum.data();
+    if (!(a.M >= kAmxMinRows && a.K % 64 == 0 && amx_enabled() && w8a8_packed_amx(a))) w8a8_packed_avx512_vnni(a);
+  }
+}
+
+}  // namespace fdx86
+
+
 std::vector<paddle::Tensor> Wint8Linear(const paddle::Tensor& x, const paddle::Tensor& qweight,
                                         const paddle::Tensor& scales, int isa, int threads) {
   paddle::Tensor out;
@@ -167,58 +228,14 @@ std::vector<paddle::Tensor> PackedLinear(const paddle::Tensor& x, const paddle::
                                          const paddle::Tensor& scales, int method, int64_t n, int group_size,
                                          int threads) {
   const char* op = "fd_x86_packed_linear";
-  PD_CHECK(x.is_cpu() && packed.is_cpu() && scales.is_cpu(), op, ": tensors must be on the CPU");
+  PD_CHECK(x.is_cpu(), op, ": x must be on the CPU");
   PD_CHECK(x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2, op, ": x must be float32 [M, K]");
-  PD_CHECK(x.is_contiguous() && packed.is_contiguous() && scales.is_contiguous(), op,
-           ": x, packed and scales must be contiguous");
-  PD_CHECK(packed.dtype() == paddle::DataType::INT8 || packed.dtype() == paddle::DataType::UINT8, op,
-           ": packed must be int8 / uint8");
-  PD_CHECK(scales.dtype() == paddle::DataType::FLOAT32, op, ": scales must be float32");
-  PD_CHECK(method >= 0 && method <= 2, op, ": method must be 0, 1 or 2, got ", method);
-  PD_CHECK(cpu_has_avx512_vnni(), op, ": the packed kernels need AVX-512 VNNI");
-  fdx86::LinearArgs a;
-  a.M = x.shape()[0];
-  a.K = x.shape()[1];
-  a.N = n;
-  a.x = x.data<float>();
-  a.w = packed.data();
-  a.scales = scales.data<float>();
-  a.threads = threads < 1 ? 1 : threads;
-  const int64_t n16 = round_up(a.N, 16);
-  int64_t want = n16 * a.K;
-  if (method == 1) {
-    PD_CHECK(a.K % 2 == 0, op, ": wint4 needs an even K");
-    a.group_size = group_size <= 0 ? a.K : group_size;
-    PD_CHECK(a.group_size % 2 == 0, op, ": group_size must be even, got ", group_size);
-    a.groups = (a.K + a.group_size - 1) / a.group_size;
-    want = n16 * a.K / 2;
-    PD_CHECK(scales.numel() == n16 * a.groups, op, ": packed wint4 scales must have ", n16 * a.groups,
-             " values, got ", scales.numel());
-  } else {
-    if (method == 2) want = n16 * round_up(a.K, 4);
-    PD_CHECK(scales.numel() == a.N, op, ": scales must have N = ", a.N, " entries");
-  }
-  PD_CHECK(packed.numel() == want, op, ": packed weight has ", packed.numel(), " bytes, expected ", want,
-           " for K = ", a.K, ", N = ", a.N);
+  PD_CHECK(x.is_contiguous(), op, ": x must be contiguous");
+  fdx86::LinearArgs a = fdx86::packed_linear_args(op, x.data<float>(), x.shape()[0], x.shape()[1], packed, scales,
+                                                  method, n, group_size, threads);
   paddle::Tensor out = paddle::empty({a.M, a.N}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   a.out = out.data<float>();
-  if (a.M == 0 || a.N == 0) return {out};
-  if (method == 0) {
-    fdx86::wint8_packed_avx512(a);
-  } else if (method == 1) {
-    fdx86::wint4_packed_avx512(a);
-  } else {
-    a.ldq = round_up(a.K, 64);
-    std::vector<int8_t> xq(a.M * a.ldq);
-    std::vector<float> xscale(a.M);
-    std::vector<int32_t> xsum(a.M);
-    fdx86::quantize_rows_avx512(a.x, a.M, a.K, xq.data(), a.ldq, xscale.data(), xsum.data(), a.threads);
-    a.xq = xq.data();
-    a.xscale = xscale.data();
-    a.xsum = xsum.data();
-    if (!(a.M >= kAmxMinRows && a.K % 64 == 0 && amx_enabled() && fdx86::w8a8_packed_amx(a)))
-      fdx86::w8a8_packed_avx512_vnni(a);
-  }
+  fdx86::run_packed_linear(a, method);
   return {out};
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ops_kernels.h"
+#include "packed_linear.h"
 #include "paddle/extension.h"
 
 namespace {
@@ -377,6 +378,14 @@ PD_BUILD_OP(fd_x86_prefill_attention)
 // sees them as inputs): they are never part of an autograd graph.
 namespace {
 
+void check_positions_and_slots(const char* op, const int64_t* pos, const int64_t* slot, int64_t tokens,
+                               int64_t max_pos, int64_t rows) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    PD_CHECK(pos[t] >= 0 && pos[t] < max_pos, op, ": position ", pos[t], " is outside the table [0, ", max_pos, ")");
+    PD_CHECK(slot[t] < rows, op, ": slot ", slot[t], " is past the cache's ", rows, " rows");
+  }
+}
+
 std::vector<paddle::Tensor> QkvRopeCache(const paddle::Tensor& qkv, const paddle::Tensor& positions,
                                          const paddle::Tensor& cos_sin, const paddle::Tensor& slots,
                                          const paddle::Tensor& k_cache, const paddle::Tensor& v_cache,
@@ -403,11 +412,7 @@ std::vector<paddle::Tensor> QkvRopeCache(const paddle::Tensor& qkv, const paddle
            positions.numel(), ", slot_mapping ", slots.numel());
   const int64_t* pos = positions.data<int64_t>();
   const int64_t* slot = slots.data<int64_t>();
-  const int64_t rows = k_cache.shape()[0];
-  for (int64_t t = 0; t < tokens; ++t) {
-    PD_CHECK(pos[t] >= 0 && pos[t] < max_pos, op, ": position ", pos[t], " is outside the table [0, ", max_pos, ")");
-    PD_CHECK(slot[t] < rows, op, ": slot ", slot[t], " is past the cache's ", rows, " rows");
-  }
+  check_positions_and_slots(op, pos, slot, tokens, max_pos, k_cache.shape()[0]);
   paddle::Tensor q = paddle::empty({tokens, num_heads, dh}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   paddle::Tensor k = paddle::empty({tokens, num_kv_heads, dh}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   paddle::Tensor v = paddle::empty({tokens, num_kv_heads, dh}, paddle::DataType::FLOAT32, paddle::CPUPlace());
@@ -453,3 +458,152 @@ PD_BUILD_OP(fd_x86_qkv_rope_cache)
     .SetKernelFn(PD_KERNEL(QkvRopeCache))
     .SetInferShapeFn(PD_INFER_SHAPE(QkvShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(F32x3));
+
+// ------------------------------------------------------------ decoder layer
+//
+//   fd_x86_decoder_layer(hidden, residual, input_norm, post_norm, cos_sin, positions, slots,
+//                        k_cache, v_cache, block_tables, seq_lens, weights[8]) -> hidden, residual
+//
+// One pre-norm decoder layer of a decode step (one token per request, T
+// requests), in one call: RMSNorm (with the residual add unless
+// has_residual is false: then residual = hidden), the packed QKV projection,
+// rotary + KV-cache store, paged decode attention, the O projection, the
+// second RMSNorm with its residual add, the packed up_gate projection,
+// SiLU-and-mul and the packed down projection. weights = (packed, scales)
+// of qkv, o, up_gate, down as fd_x86.linear packs them; methods, out_features
+// and group_sizes give each one's kernel (0 wint8, 1 wint4, 2 w8a8), output
+// width and wint4 group. The same kernels as the separate ops, so the same
+// results; what it saves is ~8 op calls per layer.
+namespace {
+
+std::vector<paddle::Tensor> DecoderLayer(
+    const paddle::Tensor& hidden, const paddle::Tensor& residual, const paddle::Tensor& input_norm,
+    const paddle::Tensor& post_norm, const paddle::Tensor& cos_sin, const paddle::Tensor& positions,
+    const paddle::Tensor& slots, const paddle::Tensor& k_cache, const paddle::Tensor& v_cache,
+    const paddle::Tensor& block_tables, const paddle::Tensor& seq_lens, const std::vector<paddle::Tensor>& weights,
+    bool has_residual, const std::vector<int>& methods, const std::vector<int64_t>& out_features,
+    const std::vector<int>& group_sizes, float eps, int64_t num_heads, int64_t num_kv_heads, bool interleaved,
+    int64_t block_size, float scale, int threads) {
+  const char* op = "fd_x86_decoder_layer";
+  check_isa(op);
+  check_f32(op, "hidden", hidden);
+  check_f32(op, "residual", residual);
+  check_f32(op, "input_norm", input_norm);
+  check_f32(op, "post_norm", post_norm);
+  check_f32(op, "cos_sin", cos_sin);
+  check_i64(op, "positions", positions);
+  check_i64(op, "slot_mapping", slots);
+  PD_CHECK(hidden.shape().size() == 2, op, ": hidden must be [T, D]");
+  PD_CHECK(!has_residual || residual.shape() == hidden.shape(), op, ": residual must have hidden's shape");
+  PD_CHECK(weights.size() == 8 && methods.size() == 4 && out_features.size() == 4 && group_sizes.size() == 4, op,
+           ": needs (packed, scales) x 4 weights and 4 methods / out_features / group_sizes");
+  PD_CHECK(cos_sin.shape().size() == 2, op, ": cos_sin must be [max_pos, Dh]");
+  const int64_t T = hidden.shape()[0], D = hidden.shape()[1], dh = cos_sin.shape()[1];
+  const int64_t H = num_heads, Hkv = num_kv_heads, q_size = H * dh, qkv_size = (H + 2 * Hkv) * dh;
+  PD_CHECK(input_norm.numel() == D && post_norm.numel() == D, op, ": the norm weights must have D = ", D, " values");
+  PD_CHECK(H > 0 && Hkv > 0 && dh % 2 == 0, op, ": bad heads ", H, "/", Hkv, " or odd Dh ", dh);
+  PD_CHECK(out_features[0] == qkv_size, op, ": qkv has ", out_features[0], " outputs, expected (", H, " + 2 * ", Hkv,
+           ") * ", dh);
+  PD_CHECK(out_features[1] == D && out_features[3] == D, op, ": o and down must output D = ", D);
+  PD_CHECK(out_features[2] % 2 == 0, op, ": up_gate must have an even output width");
+  PD_CHECK(positions.numel() == T && slots.numel() == T, op, ": hidden has ", T, " tokens, positions ",
+           positions.numel(), ", slot_mapping ", slots.numel());
+  const int64_t inter = out_features[2] / 2;
+  const int nthreads = threads < 1 ? 1 : threads;
+
+  // attention's checks first (before anything is written to the caches)
+  paddle::Tensor q = paddle::empty({T, H, dh}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  fdx86::AttentionArgs attn;
+  prepare_attention(op, q, k_cache, v_cache, block_tables, seq_lens, T, block_size, scale, nthreads, &attn);
+  PD_CHECK(attn.Hkv == Hkv, op, ": the caches hold ", attn.Hkv, " kv heads, expected ", Hkv);
+  check_positions_and_slots(op, positions.data<int64_t>(), slots.data<int64_t>(), T, cos_sin.shape()[0],
+                            k_cache.shape()[0]);
+  for (int64_t b = 0; b < T; ++b)
+    PD_CHECK(attn.seq_lens[b] >= 1, op, ": request ", b, " has no cached tokens");
+  fdx86::LinearArgs lin[4];
+  const int64_t in_features[4] = {D, q_size, D, inter};
+  for (int i = 0; i < 4; ++i)
+    lin[i] = fdx86::packed_linear_args(op, nullptr, T, in_features[i], weights[2 * i], weights[2 * i + 1], methods[i],
+                                       out_features[i], group_sizes[i], nthreads);
+
+  paddle::Tensor h_out = paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  paddle::Tensor res_out = paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  if (T == 0) return {h_out, res_out};
+  std::vector<float> x(T * D), res(has_residual ? T * D : 0), qkv(T * qkv_size), k(T * Hkv * dh), v(T * Hkv * dh),
+      ctx(T * q_size), o(T * D), up_gate(T * 2 * inter), act(T * inter);
+  // input norm: res = hidden + residual (or hidden itself)
+  const float* res_in = hidden.data<float>();
+  if (has_residual) {
+    fdx86::rms_norm_avx2(hidden.data<float>(), residual.data<float>(), input_norm.data<float>(), x.data(), res.data(),
+                         T, D, eps, nthreads);
+    res_in = res.data();
+  } else {
+    fdx86::rms_norm_avx2(hidden.data<float>(), nullptr, input_norm.data<float>(), x.data(), nullptr, T, D, eps,
+                         nthreads);
+  }
+  lin[0].x = x.data();
+  lin[0].out = qkv.data();
+  fdx86::run_packed_linear(lin[0], methods[0]);
+  fdx86::QkvArgs rope;
+  rope.qkv = qkv.data();
+  rope.positions = positions.data<int64_t>();
+  rope.cos_sin = cos_sin.data<float>();
+  rope.slots = slots.data<int64_t>();
+  rope.k_cache = const_cast<float*>(k_cache.data<float>());
+  rope.v_cache = const_cast<float*>(v_cache.data<float>());
+  rope.q_out = q.data<float>();
+  rope.k_out = k.data();
+  rope.v_out = v.data();
+  rope.T = T;
+  rope.H = H;
+  rope.Hkv = Hkv;
+  rope.Dh = dh;
+  rope.interleaved = interleaved ? 1 : 0;
+  rope.threads = nthreads;
+  fdx86::qkv_rope_cache_avx2(rope);
+  std::vector<int64_t> items(2 * T);
+  for (int64_t b = 0; b < T; ++b) items[2 * b] = b, items[2 * b + 1] = 0;
+  run_attention(op, &attn, items, ctx.data());
+  lin[1].x = ctx.data();
+  lin[1].out = o.data();
+  fdx86::run_packed_linear(lin[1], methods[1]);
+  // post-attention norm: res_out = o + res
+  fdx86::rms_norm_avx2(o.data(), res_in, post_norm.data<float>(), x.data(), res_out.data<float>(), T, D, eps,
+                       nthreads);
+  lin[2].x = x.data();
+  lin[2].out = up_gate.data();
+  fdx86::run_packed_linear(lin[2], methods[2]);
+  fdx86::silu_and_mul_avx2(up_gate.data(), act.data(), T, inter, nthreads);
+  lin[3].x = act.data();
+  lin[3].out = h_out.data<float>();
+  fdx86::run_packed_linear(lin[3], methods[3]);
+  return {h_out, res_out};
+}
+
+std::vector<std::vector<int64_t>> DecoderLayerShape(
+    const std::vector<int64_t>& hidden, const std::vector<int64_t>&, const std::vector<int64_t>&,
+    const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&,
+    const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&,
+    const std::vector<std::vector<int64_t>>&) {
+  return {hidden, hidden};
+}
+
+std::vector<paddle::DataType> DecoderLayerDtype(
+    const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&,
+    const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&,
+    const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const std::vector<paddle::DataType>&) {
+  return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
+}
+
+}  // namespace
+
+PD_BUILD_OP(fd_x86_decoder_layer)
+    .Inputs({"Hidden", "Residual", "InputNorm", "PostNorm", "CosSin", "Positions", "Slots", "KCache", "VCache",
+             "BlockTables", "SeqLens", paddle::Vec("Weights")})
+    .Outputs({"HiddenOut", "ResidualOut"})
+    .Attrs({"has_residual: bool", "methods: std::vector<int>", "out_features: std::vector<int64_t>",
+            "group_sizes: std::vector<int>", "eps: float", "num_heads: int64_t", "num_kv_heads: int64_t",
+            "interleaved: bool", "block_size: int64_t", "scale: float", "threads: int"})
+    .SetKernelFn(PD_KERNEL(DecoderLayer))
+    .SetInferShapeFn(PD_INFER_SHAPE(DecoderLayerShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(DecoderLayerDtype));

@@ -1,0 +1,23 @@
+// The packed linear kernels as the ops call them (x86_linear_op.cc):
+// checking a packed weight against its input, and running the kernel of its
+// method (w8a8: the per-token activation quantization first, AMX tiles or
+// VNNI). Shared by fd_x86_packed_linear and the fused decoder layer
+// (x86_ops.cc). Baseline x86-64 code with paddle headers, like the ops.
+#pragma once
+#include <cstdint>
+
+#include "kernels.h"
+#include "paddle/extension.h"
+
+namespace fdx86 {
+
+// Checks `packed` / `scales` (fd_x86.linear.pack_weight's layout for
+// method 0 = wint8, 1 = wint4, 2 = w8a8) for x [M, K] and n outputs
+// (group_size: wint4's, -1 = K) and returns the args; a.out is left unset.
+LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t K, const paddle::Tensor& packed,
+                              const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads);
+
+// out[M, N] = the method's packed kernel on args from packed_linear_args.
+void run_packed_linear(LinearArgs a, int method);
+
+}  // namespace fdx86
