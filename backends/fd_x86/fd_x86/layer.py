@@ -8,9 +8,10 @@ call with the same kernels as the separate ops: the norms, the packed
 quantized linears, the fused QKV / rotary / cache store and the paged decode
 attention.
 
-It answers decode-only steps whose four linear weights are quantized with a
-method that has a packed kernel at this batch (``fd_x86.linear``: wint8 up to
-``WINT8_PACKED_MAX_ROWS`` rows, wint4 and w8a8 at any), on fp32 CPU tensors;
+It answers decode-only steps whose four linear weights are quantized with
+wint8, wint4 or w8a8, on fp32 CPU tensors, with the kernel ``fd_x86.linear``
+would pick (the packed one; for wint8 above ``WINT8_PACKED_MAX_ROWS`` rows the
+contract layout's);
 anything else returns None and the separate ops run (``fd_core.ops.decoder``).
 ``FD_X86_FUSED_LAYER=0`` turns it off (A/B comparisons).
 """
@@ -29,6 +30,8 @@ from fd_x86.linear import _PACKED_METHOD, METHODS, WINT8_PACKED_MAX_ROWS, _packe
 
 __all__ = ["decoder_layer"]
 
+WINT8_CONTRACT = 3  # the op's kernel code for wint8 on the contract layout [out, in]
+
 
 @functools.lru_cache(maxsize=1)
 def _enabled() -> bool:
@@ -43,12 +46,18 @@ def _packed_linears(layer: Any, rows: int) -> tuple[list[Any], list[int], list[i
         if not isinstance(quant, QuantizedWeight) or quant.method not in METHODS:
             return None
         if quant.method == "wint8" and rows > WINT8_PACKED_MAX_ROWS:
-            return None
-        packed = _packed(quant)
-        if packed is None:
-            return None
-        weights += packed
-        methods.append(_PACKED_METHOD[quant.method])
+            # the contract layout's kernel, as fd_x86.linear picks at this many rows
+            if len(quant.qweight.shape) != 2 or not quant.qweight.is_contiguous() \
+                    or not quant.scales.is_contiguous():
+                return None
+            weights += [quant.qweight, quant.scales]
+            methods.append(WINT8_CONTRACT)
+        else:
+            packed = _packed(quant)
+            if packed is None:
+                return None
+            weights += packed
+            methods.append(_PACKED_METHOD[quant.method])
         widths.append(int(quant.out_features))
         groups.append(int(quant.group_size) if quant.group_size and quant.group_size > 0 else -1)
     return weights, methods, widths, groups

@@ -107,7 +107,7 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
   PD_CHECK(packed.dtype() == paddle::DataType::INT8 || packed.dtype() == paddle::DataType::UINT8, op,
            ": packed must be int8 / uint8");
   PD_CHECK(scales.dtype() == paddle::DataType::FLOAT32, op, ": scales must be float32");
-  PD_CHECK(method >= 0 && method <= 2, op, ": method must be 0, 1 or 2, got ", method);
+  PD_CHECK(method >= 0 && method <= 3, op, ": method must be 0, 1, 2 or 3, got ", method);
   PD_CHECK(cpu_has_avx512_vnni(), op, ": the packed kernels need AVX-512 VNNI");
   LinearArgs a;
   a.M = M;
@@ -129,6 +129,10 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
              " values, got ", scales.numel());
   } else {
     if (method == 2) want = n16 * round_up(a.K, 4);
+    if (method == 3) {
+      PD_CHECK(packed.dtype() == paddle::DataType::INT8, op, ": a wint8 weight must be int8");
+      want = a.N * a.K;
+    }
     PD_CHECK(scales.numel() == a.N, op, ": scales must have N = ", a.N, " entries");
   }
   PD_CHECK(packed.numel() == want, op, ": packed weight has ", packed.numel(), " bytes, expected ", want,
@@ -140,6 +144,8 @@ void run_packed_linear(LinearArgs a, int method) {
   if (a.M == 0 || a.N == 0) return;
   if (method == 0) {
     wint8_packed_avx512(a);
+  } else if (method == 3) {
+    wint8_avx512(a);
   } else if (method == 1) {
     wint4_packed_avx512(a);
   } else {

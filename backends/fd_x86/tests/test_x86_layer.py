@@ -1,0 +1,482 @@
+"""The fused decoder layer (fd_x86.layer / ``fd_x86_decoder_layer``) against
+the unfused composition of the same kernels and the CPU reference, when it
+declines, its input checks, and its routing through ``Ops.decoder_layer``."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pytest
+from fd_x86 import backend, build
+
+paddle = pytest.importorskip("paddle")
+
+import fd_x86.layer as fused  # noqa: E402
+from fd_x86.linear import WINT8_PACKED_MAX_ROWS, _use_packed  # noqa: E402
+
+import fd_core.ops.decoder as decoder  # noqa: E402
+from fd_core.ops.attention import AttentionMetadata  # noqa: E402
+from fd_core.ops.decoder import DecoderLayerWeights, compose_decoder_layer  # noqa: E402
+from fd_core.ops.rope import rope_cos_sin  # noqa: E402
+from fd_core.quantization import quantize_weight  # noqa: E402
+
+HIDDEN, INTER, BLOCK = 256, 512, 16
+MAX_POS = 512
+# (method, wint4 group size): group 128 and per channel
+METHODS = [("wint8", 128), ("wint4", 128), ("wint4", -1), ("w8a8", 128)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def usable() -> None:
+    availability = backend.fd_device_availability()
+    if not availability.usable:
+        pytest.skip(f"x86 backend unusable here: {availability.reason}")
+    if not _use_packed("auto"):
+        pytest.skip("no packed kernels here (AVX-512 VNNI, FD_X86_REPACK): the fused layer always declines")
+    build.load_ops()
+
+
+@pytest.fixture(autouse=True)
+def fused_layer_on(monkeypatch: pytest.MonkeyPatch):
+    """Each test starts with FD_X86_FUSED_LAYER unset (``_enabled`` is cached)."""
+    monkeypatch.delenv("FD_X86_FUSED_LAYER", raising=False)
+    fused._enabled.cache_clear()
+    yield
+    fused._enabled.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def x86_ops() -> Any:
+    from fd_core.backends import get_backend
+
+    return get_backend("x86").ops
+
+
+@pytest.fixture(scope="module")
+def ref_ops() -> Any:
+    from fd_core.backends import get_backend
+
+    return get_backend("cpu").ops
+
+
+def _t(a: np.ndarray) -> Any:
+    return paddle.to_tensor(a)
+
+
+_LAYERS: dict[tuple, DecoderLayerWeights] = {}
+
+
+def _layer(method: str | None, group: int = 128, heads: int = 4, kv_heads: int = 2, head_dim: int = 64,
+           interleaved: bool = True) -> DecoderLayerWeights:
+    """Random layer weights, quantized with ``method`` (None: fp32); cached
+    so the weights are packed once per module."""
+    key = (method, group, heads, kv_heads, head_dim, interleaved)
+    if key in _LAYERS:
+        return _LAYERS[key]
+    rng = np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+    def weight(d_in: int, d_out: int) -> Any:
+        w = (rng.normal(0, 1, (d_in, d_out)) / np.sqrt(d_in)).astype(np.float32)
+        return _t(w) if method is None else quantize_weight(method, w, group)
+
+    layer = DecoderLayerWeights(
+        input_norm=_t(rng.normal(1, 0.1, HIDDEN).astype(np.float32)),
+        post_norm=_t(rng.normal(1, 0.1, HIDDEN).astype(np.float32)),
+        eps=1e-6,
+        qkv=weight(HIDDEN, (heads + 2 * kv_heads) * head_dim),
+        o=weight(heads * head_dim, HIDDEN),
+        up_gate=weight(HIDDEN, 2 * INTER),
+        down=weight(INTER, HIDDEN),
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, scale=head_dim**-0.5,
+        interleaved_rope=interleaved,
+    )
+    _LAYERS[key] = layer
+    return layer
+
+
+@dataclass
+class Step:
+    """One step's inputs; ``meta()`` and ``caches()`` give fresh copies so
+    each run starts from the same cache contents."""
+
+    query_lens: list[int]
+    seq_lens: list[int]
+    tables: list[list[int]]
+    num_decodes: int
+    k_start: np.ndarray
+    v_start: np.ndarray
+    hidden: np.ndarray
+    residual: np.ndarray | None
+    cos_sin: Any
+
+    def meta(self) -> AttentionMetadata:
+        return AttentionMetadata.build(self.query_lens, self.seq_lens, self.tables, BLOCK, self.num_decodes)
+
+    def caches(self) -> tuple[Any, Any]:
+        return _t(self.k_start.copy()), _t(self.v_start.copy())
+
+    def inputs(self) -> tuple[Any, Any | None]:
+        return _t(self.hidden), None if self.residual is None else _t(self.residual)
+
+
+def _step(batch: int, with_residual: bool, seed: int, kv_heads: int = 2, head_dim: int = 64, prefills: int = 0,
+          max_len: int = 120) -> Step:
+    """``batch`` decodes over random cached context (shuffled block ids,
+    partly filled last blocks), then ``prefills`` chunks of a few tokens."""
+    rng = np.random.default_rng(seed)
+    n = batch + prefills
+    seq_lens = [int(s) for s in rng.integers(1, max_len + 1, n)]
+    seq_lens[0] = max_len
+    query_lens = [1] * batch + [int(rng.integers(1, min(4, s) + 1)) for s in seq_lens[batch:]]
+    need = [-(-s // BLOCK) for s in seq_lens]
+    num_blocks = sum(need) + 3
+    order = rng.permutation(num_blocks)
+    tables, used = [], 0
+    for k in need:
+        tables.append([int(b) for b in order[used:used + k]])
+        used += k
+    shape = (num_blocks * BLOCK, kv_heads, head_dim)
+    rows = sum(query_lens)
+    return Step(
+        query_lens, seq_lens, tables, batch,
+        rng.normal(0, 1, shape).astype(np.float32), rng.normal(0, 1, shape).astype(np.float32),
+        rng.normal(0, 1, (rows, HIDDEN)).astype(np.float32),
+        rng.normal(0, 1, (rows, HIDDEN)).astype(np.float32) if with_residual else None,
+        rope_cos_sin(head_dim, MAX_POS, 10000.0),
+    )
+
+
+def _run_fused(layer: DecoderLayerWeights, step: Step) -> tuple[Any, Any, Any]:
+    hidden, residual = step.inputs()
+    k_cache, v_cache = step.caches()
+    out = fused.decoder_layer(layer, hidden, residual, step.cos_sin, step.meta(), k_cache, v_cache)
+    assert out is not None, "the fused layer declined a step it should answer"
+    np.testing.assert_array_equal(hidden.numpy(), step.hidden)  # inputs left alone
+    if residual is not None:
+        np.testing.assert_array_equal(residual.numpy(), step.residual)
+    return out, k_cache, v_cache
+
+
+def _run_composed(ops: Any, layer: DecoderLayerWeights, step: Step) -> tuple[Any, Any, Any]:
+    hidden, residual = step.inputs()
+    k_cache, v_cache = step.caches()
+    out = compose_decoder_layer(ops, layer, hidden, residual, step.cos_sin, step.meta(), k_cache, v_cache)
+    return out, k_cache, v_cache
+
+
+def _assert_same(got: tuple, want: tuple, rtol: float, atol: float, mean_atol: float | None = None) -> None:
+    """hidden, residual and both caches close; with ``mean_atol`` also their
+    mean absolute differences below it."""
+    (hidden, residual), k_cache, v_cache = got
+    (want_hidden, want_residual), want_k, want_v = want
+    assert list(hidden.shape) == list(want_hidden.shape) and list(residual.shape) == list(want_residual.shape)
+    for name, a, b in [("hidden", hidden, want_hidden), ("residual", residual, want_residual),
+                       ("k_cache", k_cache, want_k), ("v_cache", v_cache, want_v)]:
+        a, b = a.numpy(), b.numpy()
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=name)
+        if mean_atol is not None:
+            assert float(np.abs(a - b).mean()) <= mean_atol, f"{name}: mean |difference| {np.abs(a - b).mean()}"
+
+
+# Against the CPU reference. wint8 / wint4 dequantize the same codes, so only
+# fp32 rounding differs. w8a8 quantizes each linear's input per token: a
+# 1-ulp difference in the fp32 norm (x86's vs the reference's) can move one
+# activation across a rounding tie (seen: x / s = -21.5 vs -21.499998), one
+# int8 step, and that one row then drifts by up to ~3e-2 through the later
+# quantized linears; the kernels agree bit for bit on equal inputs.
+def _reference_tol(method: str) -> dict[str, float]:
+    if method == "w8a8":
+        return {"rtol": 5e-2, "atol": 5e-2, "mean_atol": 1e-2}
+    return {"rtol": 2e-3, "atol": 2e-3}
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for method, group in METHODS:
+        batches = [1, 3, 7, 16]  # wint8 at 16: the contract layout's kernel
+        for batch in batches:
+            for with_residual in (False, True):
+                ident = f"{method}{'' if method != 'wint4' else ('-g' + str(group))}-b{batch}-" \
+                        f"{'res' if with_residual else 'nores'}"
+                cases.append(pytest.param(method, group, batch, with_residual, id=ident))
+    return cases
+
+
+@pytest.mark.parametrize("method,group,batch,with_residual", _cases())
+def test_fused_layer_matches_composition_of_x86_ops(
+    x86_ops: Any, method: str, group: int, batch: int, with_residual: bool
+) -> None:
+    layer = _layer(method, group)
+    step = _step(batch, with_residual, seed=batch * 10 + with_residual)
+    got = _run_fused(layer, step)
+    _assert_same(got, _run_composed(x86_ops, layer, step), rtol=1e-5, atol=1e-5)
+    # the new tokens' k/v were stored (the slots changed from the random start)
+    slots = step.meta().slot_mapping.numpy()
+    assert not np.allclose(got[1].numpy()[slots], step.k_start[slots])
+    assert not np.allclose(got[2].numpy()[slots], step.v_start[slots])
+    # ... and nothing else was
+    others = np.setdiff1d(np.arange(step.k_start.shape[0]), slots)
+    np.testing.assert_array_equal(got[1].numpy()[others], step.k_start[others])
+    np.testing.assert_array_equal(got[2].numpy()[others], step.v_start[others])
+
+
+@pytest.mark.parametrize("method,group,batch,with_residual", _cases())
+def test_fused_layer_matches_reference_composition(
+    ref_ops: Any, method: str, group: int, batch: int, with_residual: bool
+) -> None:
+    layer = _layer(method, group)
+    step = _step(batch, with_residual, seed=batch * 10 + with_residual + 1)
+    _assert_same(_run_fused(layer, step), _run_composed(ref_ops, layer, step), **_reference_tol(method))
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,interleaved", [
+    (4, 2, 128, True),   # Dh = 128
+    (4, 4, 64, False),   # MHA, neox-style rotary
+    (8, 1, 32, True),    # G = 8
+])
+@pytest.mark.parametrize("method", ["wint4", "w8a8"])
+def test_fused_layer_other_head_shapes(
+    x86_ops: Any, ref_ops: Any, method: str, heads: int, kv_heads: int, head_dim: int, interleaved: bool
+) -> None:
+    layer = _layer(method, 128, heads, kv_heads, head_dim, interleaved)
+    step = _step(5, True, seed=heads + head_dim, kv_heads=kv_heads, head_dim=head_dim)
+    got = _run_fused(layer, step)
+    _assert_same(got, _run_composed(x86_ops, layer, step), rtol=1e-5, atol=1e-5)
+    _assert_same(got, _run_composed(ref_ops, layer, step), **_reference_tol(method))
+
+
+def test_fused_layer_takes_strided_hidden_and_residual(x86_ops: Any) -> None:
+    layer = _layer("wint4", 128)
+    step = _step(3, True, seed=99)
+    wide_h = _t(np.concatenate([step.hidden, np.zeros_like(step.hidden)], axis=1))[:, :HIDDEN]
+    wide_r = _t(np.concatenate([step.residual, np.zeros_like(step.residual)], axis=1))[:, :HIDDEN]
+    assert not wide_h.is_contiguous() and not wide_r.is_contiguous()
+    k_cache, v_cache = step.caches()
+    out = fused.decoder_layer(layer, wide_h, wide_r, step.cos_sin, step.meta(), k_cache, v_cache)
+    assert out is not None
+    _assert_same((out, k_cache, v_cache), _run_composed(x86_ops, layer, step), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_layer_with_a_different_method_per_linear(x86_ops: Any, ref_ops: Any) -> None:
+    wint8, wint4, wint4_channel, w8a8 = _layer("wint8"), _layer("wint4"), _layer("wint4", -1), _layer("w8a8")
+    layer = replace(wint8, qkv=wint8.qkv, o=wint4.o, up_gate=wint4_channel.up_gate, down=w8a8.down)
+    step = _step(4, True, seed=42)
+    got = _run_fused(layer, step)
+    _assert_same(got, _run_composed(x86_ops, layer, step), rtol=1e-5, atol=1e-5)
+    _assert_same(got, _run_composed(ref_ops, layer, step), **_reference_tol("w8a8"))
+
+
+def test_fused_layer_skips_slot_minus_one_like_the_composition(x86_ops: Any, ref_ops: Any) -> None:
+    layer = _layer("wint4")
+    step = _step(3, True, seed=43)
+    runs = []
+    for run in (lambda m, k, v: fused.decoder_layer(layer, *step.inputs(), step.cos_sin, m, k, v),
+                lambda m, k, v: compose_decoder_layer(x86_ops, layer, *step.inputs(), step.cos_sin, m, k, v),
+                lambda m, k, v: compose_decoder_layer(ref_ops, layer, *step.inputs(), step.cos_sin, m, k, v)):
+        meta = step.meta()
+        slots = meta.slot_mapping.numpy().copy()
+        slots[1] = -1
+        meta.slot_mapping = _t(slots)
+        k_cache, v_cache = step.caches()
+        out = run(meta, k_cache, v_cache)
+        assert out is not None
+        runs.append((out, k_cache, v_cache))
+    skipped = step.meta().slot_mapping.numpy()[1]
+    np.testing.assert_array_equal(runs[0][1].numpy()[skipped], step.k_start[skipped])
+    _assert_same(runs[0], runs[1], rtol=1e-5, atol=1e-5)
+    _assert_same(runs[0], runs[2], **_reference_tol("wint4"))
+
+
+@pytest.mark.parametrize("method", ["wint8", "wint4", "w8a8"])
+def test_prefill_then_fused_decode_steps(x86_ops: Any, method: str) -> None:
+    """Context written by a prefill step (composed), then decode steps run
+    fused on one cache and composed on a copy: equal at every step."""
+    layer = _layer(method)
+    rng = np.random.default_rng(77)
+    prompts = [5, 17, 33]
+    steps = 4
+    num_blocks = sum(-(-(n + steps) // BLOCK) for n in prompts) + 2
+    order = [int(b) for b in rng.permutation(num_blocks)]
+    tables, used = [], 0
+    for n in prompts:
+        k = -(-(n + steps) // BLOCK)
+        tables.append(order[used:used + k])
+        used += k
+    k_fused, v_fused = x86_ops.allocate_kv_cache(num_blocks, BLOCK, 2, 64, "float32")
+    cos_sin = rope_cos_sin(64, MAX_POS, 10000.0)
+    prefill = AttentionMetadata.build(prompts, prompts, tables, BLOCK, 0)
+    hidden = _t(rng.normal(0, 1, (sum(prompts), HIDDEN)).astype(np.float32))
+    x86_ops.decoder_layer(layer, hidden, None, cos_sin, prefill, k_fused, v_fused)
+    assert float(paddle.abs(k_fused).sum()) > 0
+    k_comp, v_comp = k_fused.clone(), v_fused.clone()
+    for i in range(1, steps + 1):
+        lens = [n + i for n in prompts]
+        hidden = rng.normal(0, 1, (3, HIDDEN)).astype(np.float32)
+        residual = rng.normal(0, 1, (3, HIDDEN)).astype(np.float32)
+        got = fused.decoder_layer(layer, _t(hidden), _t(residual), cos_sin,
+                                  AttentionMetadata.build([1, 1, 1], lens, tables, BLOCK, 3), k_fused, v_fused)
+        assert got is not None
+        want = compose_decoder_layer(x86_ops, layer, _t(hidden), _t(residual), cos_sin,
+                                     AttentionMetadata.build([1, 1, 1], lens, tables, BLOCK, 3), k_comp, v_comp)
+        _assert_same((got, k_fused, v_fused), (want, k_comp, v_comp), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------- declines
+
+
+def _assert_declines(layer: DecoderLayerWeights, step: Step) -> None:
+    hidden, residual = step.inputs()
+    k_cache, v_cache = step.caches()
+    assert fused.decoder_layer(layer, hidden, residual, step.cos_sin, step.meta(), k_cache, v_cache) is None
+    np.testing.assert_array_equal(k_cache.numpy(), step.k_start)  # nothing was stored
+    np.testing.assert_array_equal(v_cache.numpy(), step.v_start)
+
+
+@pytest.mark.parametrize("method", ["wint8", "wint4", "w8a8"])
+def test_declines_a_step_with_prefill_tokens(method: str) -> None:
+    _assert_declines(_layer(method), _step(2, True, seed=5, prefills=2))
+
+
+def test_declines_a_prefill_only_step() -> None:
+    _assert_declines(_layer("w8a8"), _step(0, False, seed=6, prefills=3))
+
+
+def test_declines_fp32_weights() -> None:
+    _assert_declines(_layer(None), _step(3, True, seed=7))
+
+
+def test_declines_when_one_weight_is_fp32() -> None:
+    quantized, plain = _layer("wint4"), _layer(None)
+    _assert_declines(replace(quantized, down=plain.down), _step(3, True, seed=8))
+
+
+def test_wint8_past_the_packed_row_limit_runs_the_contract_layout_kernel(x86_ops: Any) -> None:
+    """Above WINT8_PACKED_MAX_ROWS the layer takes wint8 on the contract layout,
+    as fd_x86.linear does: the same answer as the composition of the ops."""
+    assert WINT8_PACKED_MAX_ROWS == 7
+    layer, step = _layer("wint8"), _step(WINT8_PACKED_MAX_ROWS + 1, True, seed=9)
+    _assert_same(_run_fused(layer, step), _run_composed(x86_ops, layer, step), 1e-5, 1e-5)
+
+
+def test_declines_when_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FD_X86_FUSED_LAYER", "0")
+    fused._enabled.cache_clear()
+    _assert_declines(_layer("w8a8"), _step(3, True, seed=10))
+    monkeypatch.setenv("FD_X86_FUSED_LAYER", "1")
+    fused._enabled.cache_clear()
+    _run_fused(_layer("w8a8"), _step(3, True, seed=10))
+
+
+def test_declines_without_repacked_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FD_X86_REPACK", "0")
+    _assert_declines(_layer("wint4"), _step(3, True, seed=19))
+
+
+# ----------------------------------------------------------------- bad input
+
+
+def _run_bad(layer: DecoderLayerWeights, step: Step, meta: AttentionMetadata, cos_sin: Any, match: str) -> None:
+    hidden, residual = step.inputs()
+    k_cache, v_cache = step.caches()
+    with pytest.raises(Exception, match=match):
+        fused.decoder_layer(layer, hidden, residual, cos_sin, meta, k_cache, v_cache)
+    # checked before anything is stored
+    np.testing.assert_array_equal(k_cache.numpy(), step.k_start)
+    np.testing.assert_array_equal(v_cache.numpy(), step.v_start)
+
+
+def test_rejects_a_slot_past_the_cache() -> None:
+    step = _step(3, True, seed=11)
+    meta = step.meta()
+    slots = meta.slot_mapping.numpy().copy()
+    slots[-1] = step.k_start.shape[0]
+    meta.slot_mapping = _t(slots)
+    _run_bad(_layer("wint4"), step, meta, step.cos_sin, "past the cache")
+
+
+def test_rejects_a_position_past_the_rotary_table() -> None:
+    step = _step(3, True, seed=12, max_len=100)
+    meta = step.meta()
+    short = rope_cos_sin(64, 64, 10000.0)  # the first request is at position 99
+    _run_bad(_layer("w8a8"), step, meta, short, "outside the table")
+
+
+def test_rejects_a_block_table_past_the_cache() -> None:
+    step = _step(3, True, seed=13)
+    meta = step.meta()
+    meta.block_tables = meta.block_tables.copy()
+    meta.block_tables[1, 0] = step.k_start.shape[0] // BLOCK + 5
+    _run_bad(_layer("wint8"), step, meta, step.cos_sin, "names block")
+
+
+def test_rejects_caches_with_other_kv_heads() -> None:
+    layer = _layer("wint4")  # 2 kv heads
+    step = _step(2, True, seed=14, kv_heads=1, head_dim=64)
+    _run_bad(layer, step, step.meta(), step.cos_sin, "kv heads|Hkv")
+
+
+def test_rejects_a_residual_of_another_shape() -> None:
+    step = _step(3, True, seed=17)
+    step.residual = step.residual[:2]
+    _run_bad(_layer("wint4"), step, step.meta(), step.cos_sin, "residual must have hidden's shape")
+
+
+def test_rejects_norm_weights_of_another_width() -> None:
+    layer = replace(_layer("w8a8"), post_norm=_t(np.ones(HIDDEN - 16, np.float32)))
+    step = _step(2, False, seed=18)
+    _run_bad(layer, step, step.meta(), step.cos_sin, "norm weights must have D")
+
+
+# -------------------------------------------------------------- via the hook
+
+
+def test_ops_decoder_layer_uses_the_fused_answer(x86_ops: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    layer = _layer("wint4")
+    step = _step(3, True, seed=15)
+    answers = []
+    real = fused.decoder_layer
+
+    def spy(*args: Any) -> Any:
+        answers.append(real(*args))
+        return answers[-1]
+
+    def no_composition(*args: Any) -> Any:
+        raise AssertionError("the fused layer answered; the composition must not run")
+
+    monkeypatch.setattr(fused, "decoder_layer", spy)
+    monkeypatch.setattr(decoder, "compose_decoder_layer", no_composition)
+    hidden, residual = step.inputs()
+    k_cache, v_cache = step.caches()
+    out = x86_ops.decoder_layer(layer, hidden, residual, step.cos_sin, step.meta(), k_cache, v_cache)
+    assert len(answers) == 1 and answers[0] is not None
+    assert out[0] is answers[0][0] and out[1] is answers[0][1]
+    monkeypatch.undo()
+
+    # turned off: the hook declines and Ops composes the same numbers
+    monkeypatch.setenv("FD_X86_FUSED_LAYER", "0")
+    fused._enabled.cache_clear()
+    off_k, off_v = step.caches()
+    hidden, residual = step.inputs()
+    off = x86_ops.decoder_layer(layer, hidden, residual, step.cos_sin, step.meta(), off_k, off_v)
+    _assert_same((out, k_cache, v_cache), (off, off_k, off_v), rtol=1e-5, atol=1e-5)
+
+
+def test_ops_decoder_layer_composes_a_mixed_step(x86_ops: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    layer = _layer("w8a8")
+    step = _step(2, True, seed=16, prefills=2)
+    answers = []
+    real = fused.decoder_layer
+
+    def spy(*args: Any) -> Any:
+        answers.append(real(*args))
+        return answers[-1]
+
+    monkeypatch.setattr(fused, "decoder_layer", spy)
+    hidden, residual = step.inputs()
+    k_cache, v_cache = step.caches()
+    out = x86_ops.decoder_layer(layer, hidden, residual, step.cos_sin, step.meta(), k_cache, v_cache)
+    assert answers == [None]
+    _assert_same((out, k_cache, v_cache), _run_composed(x86_ops, layer, step), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,131 @@
+"""The optional fused ``decoder_layer`` against the reference's unfused layer.
+
+One dense decoder layer (norm, QKV, rotary + cache store, paged attention,
+O, norm, gated MLP) on a decode-only step and on a mixed one, in the first
+layer's form (no residual yet) and a later layer's, with unquantized weights
+and every quantization method the backend lists. The backend runs
+``Ops.decoder_layer`` (its fused kernel where it answers, else its unfused
+hooks); the reference chains its own kernels
+(``fd_core.ops.decoder.compose_decoder_layer``). The layer reads the cache
+it has just written, so a wrong store shows in the outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fd_core.ops.attention import AttentionMetadata
+from fd_core.ops.decoder import DecoderLayerWeights, compose_decoder_layer
+from fd_core.ops.rope import rope_cos_sin
+from fd_core.testing.conformance import STATE_KEY
+from fd_core.testing.conformance.cases_attention import Step, _block_tables, _context
+from fd_core.testing.conformance.cases_dense import _reference_quantizer
+from fd_core.testing.conformance.harness import Harness, Tolerance, case_rng, replace_tensors
+
+HIDDEN, INTER = 256, 512
+LAYER_STEPS = [
+    Step("decode-b1", 4, 2, 64, 16, (9,), ()),
+    Step("decode-b5", 4, 2, 64, 16, (1, 17, 40, 64, 3), ()),
+    Step("mixed", 4, 1, 64, 16, (5, 33), ((0, 7), (20, 4))),
+]
+# a layer chains ~7 kernels: allow their fp32 differences to compound
+LAYER_TOLERANCE = Tolerance(rtol=2e-4, atol=2e-4)
+# w8a8 rounds activations to int8 codes; a norm that differs in the last bit
+# can move a code by one, which the next matmul spreads over its outputs
+W8A8_TOLERANCE = Tolerance(rtol=5e-2, atol=5e-2)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "method" in metafunc.fixturenames and metafunc.function.__name__ == "test_decoder_layer":
+        state = metafunc.config.stash[STATE_KEY]
+        methods = state.backend.capabilities().quantization_methods if state.backend else ()
+        metafunc.parametrize("method", ["none", *methods])
+
+
+def _weights(rng: np.random.Generator, step: Step) -> dict[str, np.ndarray]:
+    q, kv = step.heads * step.head_dim, step.kv_heads * step.head_dim
+    shapes = {"qkv": (HIDDEN, q + 2 * kv), "o": (q, HIDDEN), "up_gate": (HIDDEN, 2 * INTER), "down": (INTER, HIDDEN)}
+    out = {name: rng.normal(0, shape[0] ** -0.5, shape).astype(np.float32) for name, shape in shapes.items()}
+    out["input_norm"] = rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32)
+    out["post_norm"] = rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32)
+    return out
+
+
+def _layer(fd: Harness, on_reference: bool, step: Step, method: str, w: dict[str, np.ndarray]) -> DecoderLayerWeights:
+    put = fd.host if on_reference else fd.device
+    linears: dict[str, Any] = {}
+    for name in ("qkv", "o", "up_gate", "down"):
+        if method == "none":
+            linears[name] = put(fd.rounded(w[name]))
+            continue
+        with fd.on_host():
+            quant = _reference_quantizer(method)(method, fd.host(w[name]))
+        linears[name] = quant if on_reference else replace_tensors(quant, lambda t: t.to(fd.place))
+    return DecoderLayerWeights(
+        put(w["input_norm"]), put(w["post_norm"]), 1e-5, num_heads=step.heads, num_kv_heads=step.kv_heads,
+        head_dim=step.head_dim, scale=step.head_dim**-0.5, interleaved_rope=True, **linears,
+    )
+
+
+def _run(fd: Harness, on_reference: bool, step: Step, method: str, data: dict[str, Any],
+         tables: list[list[int]], num_blocks: int, with_residual: bool) -> tuple[Any, Any]:
+    call = fd.call_reference if on_reference else fd.call
+    put = fd.host if on_reference else fd.device
+    where: contextlib.AbstractContextManager[None] = fd.on_host() if on_reference else contextlib.nullcontext()
+    with where:
+        meta = AttentionMetadata.build(step.query_lens, step.seq_lens, tables, step.block_size,
+                                       len(step.decode_lens))
+    k_cache, v_cache = call("allocate_kv_cache", num_blocks=num_blocks, block_size=step.block_size,
+                            num_kv_heads=step.kv_heads, head_dim=step.head_dim, dtype="float32", location="device")
+    if len(data["ctx_slots"]):
+        call("write_kv_cache", k=put(data["ctx_k"]), v=put(data["ctx_v"]), k_cache=k_cache, v_cache=v_cache,
+             slot_mapping=put(data["ctx_slots"]))
+    layer = _layer(fd, on_reference, step, method, data["weights"])
+    args = {"hidden": put(data["hidden"]), "residual": put(data["residual"]) if with_residual else None,
+            "cos_sin": put(data["cos_sin"]), "metadata": meta, "k_cache": k_cache, "v_cache": v_cache}
+    if on_reference:
+        with fd.on_host():
+            return compose_decoder_layer(fd.reference.ops, layer, **args)
+    return fd.call_fused("decoder_layer", layer=layer, **args)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("with_residual", [False, True], ids=["first-layer", "residual"])
+@pytest.mark.parametrize("step", LAYER_STEPS, ids=[s.name for s in LAYER_STEPS])
+def test_decoder_layer(conformance: Harness, step: Step, method: str, with_residual: bool) -> None:
+    fd = conformance
+    rng = case_rng("decoder-layer", step.name, method, with_residual)
+    num_blocks, tables = _block_tables(step, rng)
+    ctx_slots = _context(step, tables, rng)
+    tokens = sum(step.query_lens)
+    with fd.on_host():
+        cos_sin = rope_cos_sin(step.head_dim, max(step.seq_lens) + 8, 10000.0).numpy()
+    data = {
+        "weights": _weights(rng, step),
+        "hidden": fd.rounded(rng.normal(0, 1, (tokens, HIDDEN))),
+        "residual": fd.rounded(rng.normal(0, 1, (tokens, HIDDEN))),
+        "cos_sin": cos_sin,
+        "ctx_slots": ctx_slots,
+        "ctx_k": fd.rounded(rng.normal(0, 1, (len(ctx_slots), step.kv_heads, step.head_dim))),
+        "ctx_v": fd.rounded(rng.normal(0, 1, (len(ctx_slots), step.kv_heads, step.head_dim))),
+    }
+    got = _run(fd, False, step, method, data, tables, num_blocks, with_residual)
+    want = _run(fd, True, step, method, data, tables, num_blocks, with_residual)
+    tol = fd.tol().looser(W8A8_TOLERANCE if method == "w8a8" else LAYER_TOLERANCE)
+    if fd.override is not None:
+        tol = fd.override
+    case = (f"{step.name}: {method} D={HIDDEN} I={INTER} H={step.heads} Hkv={step.kv_heads} Dh={step.head_dim} "
+            f"query_lens={step.query_lens} seq_lens={step.seq_lens} residual={with_residual} dtype={fd.dtype}")
+    fd.assert_close("decoder_layer", case + " (hidden)", got[0], want[0], tol)
+    fd.assert_close("decoder_layer", case + " (residual)", got[1], want[1], tol)
+
+
+def test_decoder_layer_weights_are_plain_data() -> None:
+    """The hook's layer description stays a plain dataclass (backends rely on
+    its fields, not on the model's layer objects)."""
+    layer = DecoderLayerWeights(None, None, 1e-6, None, None, None, None, 2, 1, 8, 0.35)
+    assert replace(layer, eps=1e-5).eps == 1e-5 and layer.interleaved_rope
