@@ -23,8 +23,8 @@ from fd_core.layers.basic import Linear, RMSNorm
 from fd_core.layers.mlp import GatedMLP, MoE
 from fd_core.layers.param import Param
 from fd_core.models.config import ModelConfig
-from fd_core.ops.decoder import DecoderLayerWeights
 from fd_core.ops._host import as_array, on_host
+from fd_core.ops.decoder import DecoderLayerWeights
 from fd_core.ops.rope import rope_cos_sin
 
 __all__ = ["Ernie4_5ForCausalLM", "Target"]
