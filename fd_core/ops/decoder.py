@@ -14,7 +14,7 @@ block, which the model's MoE layers use as well.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
@@ -44,6 +44,11 @@ class DecoderLayerWeights:
     head_dim: int
     scale: float  # attention's softmax scale, usually head_dim ** -0.5
     interleaved_rope: bool = True
+    # a backend's derived per-layer data (e.g. repacked weights), by backend
+    # name; the model keeps one DecoderLayerWeights per layer while its
+    # weights stay the same objects, so this lives as long as they do
+    # (not an __init__ argument: dataclasses.replace gives the copy an empty one)
+    backend_cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
 
 def apply_linear(ops: Ops, x: Any, weight: Any) -> Any:

@@ -31,6 +31,9 @@ from fd_x86.linear import _PACKED_METHOD, METHODS, WINT8_PACKED_MAX_ROWS, _packe
 __all__ = ["decoder_layer"]
 
 WINT8_CONTRACT = 3  # the op's kernel code for wint8 on the contract layout [out, in]
+CACHE_KEY = "x86"  # in DecoderLayerWeights.backend_cache: (the 4 linears, {contract?: their kernels' inputs})
+FITS_KEY = "x86.fits"  # in DecoderLayerWeights.backend_cache: ((cos_sin, k_cache, v_cache), bool)
+STEP_KEY = "x86.layer"  # in metadata.workspace: the step's index tensors
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,56 +41,92 @@ def _enabled() -> bool:
     return os.environ.get("FD_X86_FUSED_LAYER", "1") != "0"
 
 
+def _fits(layer: Any, cos_sin: Any, k_cache: Any, v_cache: Any) -> bool:
+    """Whether the layer's norms, the rotary table and the caches are ones
+    the op takes (fp32, CPU, contiguous caches, Dh % 8 == 0) and the packed
+    kernels run here; checked once per (layer, cos_sin, caches)."""
+    key = (cos_sin, k_cache, v_cache)
+    seen = layer.backend_cache.get(FITS_KEY)
+    if seen is not None and all(a is b for a, b in zip(seen[0], key)):
+        return seen[1]  # type: ignore[no-any-return]
+    fits = (_use_packed("auto") and x86_ops._host(layer.input_norm, layer.post_norm, cos_sin, k_cache, v_cache)
+            and len(k_cache.shape) == 3 and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and layer.head_dim % 8 == 0 and cos_sin.shape[-1] == layer.head_dim)
+    layer.backend_cache[FITS_KEY] = (key, bool(fits))
+    return bool(fits)
+
+
 def _packed_linears(layer: Any, rows: int) -> tuple[list[Any], list[int], list[int], list[int]] | None:
-    """The four linears' (packed, scales) tensors, kernel methods, output
-    widths and wint4 groups; None when one has no packed kernel here."""
+    """The four linears' (weight, scales) tensors, kernel codes, output
+    widths and wint4 groups; None when one has no kernel here. Cached on the
+    layer (``layer.backend_cache``) per kernel choice."""
+    contract = rows > WINT8_PACKED_MAX_ROWS
+    quants = (layer.qkv, layer.o, layer.up_gate, layer.down)
+    cache = layer.backend_cache.get(CACHE_KEY)
+    fresh = cache is not None and all(a is b for a, b in zip(cache[0], quants))
+    if fresh and contract in cache[1]:
+        return cache[1][contract]  # type: ignore[no-any-return]
     weights, methods, widths, groups = [], [], [], []
-    for quant in (layer.qkv, layer.o, layer.up_gate, layer.down):
+    answer: tuple[list[Any], list[int], list[int], list[int]] | None = None
+    for quant in quants:
         if not isinstance(quant, QuantizedWeight) or quant.method not in METHODS:
-            return None
-        if quant.method == "wint8" and rows > WINT8_PACKED_MAX_ROWS:
+            break
+        if quant.method == "wint8" and contract:
             # the contract layout's kernel, as fd_x86.linear picks at this many rows
             if len(quant.qweight.shape) != 2 or not quant.qweight.is_contiguous() \
                     or not quant.scales.is_contiguous():
-                return None
+                break
             weights += [quant.qweight, quant.scales]
             methods.append(WINT8_CONTRACT)
         else:
             packed = _packed(quant)
             if packed is None:
-                return None
+                break
             weights += packed
             methods.append(_PACKED_METHOD[quant.method])
         widths.append(int(quant.out_features))
         groups.append(int(quant.group_size) if quant.group_size and quant.group_size > 0 else -1)
-    return weights, methods, widths, groups
+    else:
+        answer = (weights, methods, widths, groups)
+    if not fresh:
+        cache = layer.backend_cache[CACHE_KEY] = (quants, {})
+    cache[1][contract] = answer
+    return answer
+
+
+def _step_inputs(metadata: Any) -> tuple[Any, ...]:
+    """The step's positions, slots, block tables and lengths as the op takes
+    them, built by the first layer and shared by the rest."""
+    inputs = metadata.workspace.get(STEP_KEY)
+    if inputs is None:
+        tables, lens, _ = x86_ops._tables(metadata, x86_ops.DECODE_KEY, 0, metadata.num_decodes)
+        inputs = metadata.workspace[STEP_KEY] = (
+            x86_ops._int64(metadata.positions), x86_ops._int64(metadata.slot_mapping), tables, lens,
+            int(metadata.block_size),
+        )
+    return inputs  # type: ignore[no-any-return]
 
 
 def decoder_layer(layer: Any, hidden: Any, residual: Any | None, cos_sin: Any, metadata: Any, k_cache: Any,
                   v_cache: Any) -> Any:
     """``(hidden, residual)`` after the layer, or None (see the module doc)."""
     rows = hidden.shape[0]
-    if rows == 0 or metadata.num_decodes != rows or len(hidden.shape) != 2 or not _enabled() \
-            or not _use_packed("auto"):
+    if rows == 0 or metadata.num_decodes != rows or len(hidden.shape) != 2 or not _enabled():
         return None
-    tensors = (hidden, layer.input_norm, layer.post_norm, cos_sin, k_cache, v_cache)
-    if not x86_ops._host(*tensors) or (residual is not None and not x86_ops._host(residual)):
-        return None
-    if len(k_cache.shape) != 3 or not k_cache.is_contiguous() or not v_cache.is_contiguous() \
-            or layer.head_dim % 8 or cos_sin.shape[-1] != layer.head_dim:
+    if not x86_ops._host(hidden) or (residual is not None and not x86_ops._host(residual)) \
+            or not _fits(layer, cos_sin, k_cache, v_cache):
         return None
     linears = _packed_linears(layer, rows)
     if linears is None:
         return None
     weights, methods, widths, groups = linears
-    tables, lens, _ = x86_ops._tables(metadata, x86_ops.DECODE_KEY, 0, rows)
+    positions, slots, tables, lens, block_size = _step_inputs(metadata)
     dense = x86_ops._dense
     hidden = dense(hidden)
     out, total = load_ops().fd_x86_decoder_layer(
         hidden, hidden if residual is None else dense(residual), dense(layer.input_norm), dense(layer.post_norm),
-        dense(cos_sin), x86_ops._int64(metadata.positions), x86_ops._int64(metadata.slot_mapping), k_cache, v_cache,
-        tables, lens, weights, residual is not None, methods, widths, groups, float(layer.eps),
-        int(layer.num_heads), int(layer.num_kv_heads), bool(layer.interleaved_rope), int(metadata.block_size),
-        float(layer.scale), num_threads(),
+        dense(cos_sin), positions, slots, k_cache, v_cache, tables, lens, weights, residual is not None, methods,
+        widths, groups, float(layer.eps), int(layer.num_heads), int(layer.num_kv_heads),
+        bool(layer.interleaved_rope), block_size, float(layer.scale), num_threads(),
     )
     return out, total

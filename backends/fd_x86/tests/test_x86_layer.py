@@ -480,3 +480,17 @@ def test_ops_decoder_layer_composes_a_mixed_step(x86_ops: Any, monkeypatch: pyte
     out = x86_ops.decoder_layer(layer, hidden, residual, step.cos_sin, step.meta(), k_cache, v_cache)
     assert answers == [None]
     _assert_same((out, k_cache, v_cache), _run_composed(x86_ops, layer, step), rtol=1e-5, atol=1e-5)
+
+
+def test_cached_kernel_inputs_follow_a_replaced_weight(x86_ops: Any) -> None:
+    """The layer caches its kernels' inputs; a linear replaced on the same
+    DecoderLayerWeights (or a dataclasses.replace copy) is not answered from
+    the stale cache."""
+    layer, other = _layer("wint8"), _layer("w8a8")
+    step = _step(2, True, seed=44)
+    _run_fused(layer, step)
+    layer.o = other.o
+    _assert_same(_run_fused(layer, step), _run_composed(x86_ops, layer, step), 1e-5, 1e-5)
+    copy = replace(layer, down=other.down)
+    assert copy.backend_cache == {}
+    _assert_same(_run_fused(copy, step), _run_composed(x86_ops, copy, step), 1e-5, 1e-5)
