@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fd_x86 import backend, build
+from paged_tables import shuffled_tables
 
 paddle = pytest.importorskip("paddle")
 
@@ -131,13 +132,7 @@ def _step(batch: int, with_residual: bool, seed: int, kv_heads: int = 2, head_di
     seq_lens = [int(s) for s in rng.integers(1, max_len + 1, n)]
     seq_lens[0] = max_len
     query_lens = [1] * batch + [int(rng.integers(1, min(4, s) + 1)) for s in seq_lens[batch:]]
-    need = [-(-s // BLOCK) for s in seq_lens]
-    num_blocks = sum(need) + 3
-    order = rng.permutation(num_blocks)
-    tables, used = [], 0
-    for k in need:
-        tables.append([int(b) for b in order[used:used + k]])
-        used += k
+    num_blocks, tables = shuffled_tables(rng, seq_lens, BLOCK)
     shape = (num_blocks * BLOCK, kv_heads, head_dim)
     rows = sum(query_lens)
     return Step(

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fd_x86 import backend, build
+from paged_tables import shuffled_tables
 
 paddle = pytest.importorskip("paddle")
 
@@ -144,13 +145,7 @@ def _decode_case(batch: int, heads: int, kv_heads: int, head_dim: int, block_siz
     rng = np.random.default_rng(seed)
     seq_lens = rng.integers(1, max_len + 1, batch + prefills)
     seq_lens[0] = max_len
-    need = [-(-int(n) // block_size) for n in seq_lens]
-    num_blocks = sum(need) + 3
-    order = rng.permutation(num_blocks)
-    tables, used = [], 0
-    for n in need:
-        tables.append([int(b) for b in order[used:used + n]])
-        used += n
+    num_blocks, tables = shuffled_tables(rng, [int(n) for n in seq_lens], block_size)
     qlens = [1] * batch + [int(rng.integers(1, min(max_chunk, int(n)) + 1)) for n in seq_lens[batch:]]
     if prefills:
         qlens[-1] = int(seq_lens[-1])  # a whole prompt, no cached context
