@@ -8,7 +8,7 @@ import numpy as np
 
 from fd_core._paddle import import_paddle
 
-__all__ = ["reference_moe_select_experts", "reference_moe_experts"]
+__all__ = ["grouped_experts", "reference_moe_experts", "reference_moe_select_experts"]
 
 paddle = import_paddle()
 F = paddle.nn.functional
@@ -77,6 +77,24 @@ def reference_moe_experts(
         def down(e: int, h: Any) -> Any:
             return paddle.matmul(h, down_weights[e])
 
+    return grouped_experts(x, topk_weights, topk_ids, num_experts, up_gate, down)
+
+
+def _reference_act(h: Any) -> Any:
+    gate, up = paddle.chunk(h, 2, axis=-1)
+    return F.silu(gate) * up
+
+
+def grouped_experts(
+    x: Any, topk_weights: Any, topk_ids: Any, num_experts: int, up_gate: Any, down: Any, act: Any = None,
+) -> Any:
+    """The routed FFN with the tokens grouped by expert on the host (one
+    argsort of ``T*k`` ids): each expert that received tokens runs
+    ``down(e, act(up_gate(e, rows)))`` once over all of them (``act``:
+    silu-and-mul of ``[gate | up]``, paddle's by default); the outputs are
+    weighted and summed back per token. Backends reuse it with their own
+    per-expert linears."""
+    act = act or _reference_act
     num_tokens, top_k = topk_ids.shape
     ids = topk_ids.numpy().reshape(-1)
     order = np.argsort(ids, kind="stable")
@@ -87,8 +105,7 @@ def reference_moe_experts(
     start = 0
     for expert in np.nonzero(counts)[0]:
         end = start + int(counts[expert])
-        gate, up = paddle.chunk(up_gate(int(expert), routed[start:end]), 2, axis=-1)
-        outputs.append(down(int(expert), F.silu(gate) * up))
+        outputs.append(down(int(expert), act(up_gate(int(expert), routed[start:end]))))
         start = end
     expert_out = paddle.concat(outputs, axis=0)
     weights = paddle.gather(topk_weights.reshape([-1]), paddle.to_tensor(order.astype(np.int64)))

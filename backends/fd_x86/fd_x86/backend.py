@@ -7,7 +7,8 @@ fp32 CPU tensors ``fd_rms_norm``, ``fd_silu_and_mul``,
 ``fd_rotary_embedding``, ``fd_write_kv_cache``, ``fd_decode_attention`` and
 ``fd_prefill_attention`` (``fd_x86.ops``); the optional fusions
 ``fd_rope_and_write_kv_cache`` and, for decode steps with packed quantized
-weights, ``fd_decoder_layer`` (``fd_x86.layer``). Unquantized linears, MoE,
+weights, ``fd_decoder_layer`` (``fd_x86.layer``); ``fd_moe_experts`` for
+quantized experts (``fd_x86.moe``). Unquantized linears and experts, routing,
 sampling, the cache allocation / block copies and any input those ops do not
 take return None here, so fd-core's reference answers.
 
@@ -65,7 +66,7 @@ def _availability() -> Availability:
             "$CXX); install one (e.g. apt-get install g++), or run python -m fd_x86.build where one is"
         )
     return Availability.ok(f"{reference.num_threads()} threads", *choice.summary, state,
-                           "other ops (fp32 linears, MoE, sampling): fd-core reference")
+                           "other ops (fp32 linears and experts, MoE routing, sampling): fd-core reference")
 
 
 @hookimpl
@@ -178,3 +179,13 @@ def fd_decoder_layer(layer: Any, hidden: Any, residual: Any, cos_sin: Any, metad
     from fd_x86.layer import decoder_layer
 
     return _native(decoder_layer, layer, hidden, residual, cos_sin, metadata, k_cache, v_cache)
+
+
+@hookimpl
+def fd_moe_experts(x: Any, topk_weights: Any, topk_ids: Any, up_gate_weights: Any, down_weights: Any,
+                   quant: Any) -> Any:
+    if quant is None:  # unquantized experts: the reference's paddle matmuls
+        return None
+    from fd_x86.moe import moe_experts
+
+    return _native(moe_experts, x, topk_weights, topk_ids, quant)

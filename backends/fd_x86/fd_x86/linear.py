@@ -105,10 +105,13 @@ def _packed(quant: Any) -> tuple[Any, Any] | None:
     return packed_w, packed_s
 
 
-def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None = None) -> Any:
+def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None = None, repack: bool = True) -> Any:
     """``x [..., in] -> [..., out]`` (x's dtype) with the native kernel for
     ``quant.method``; ``isa`` forces a kernel family (tests), ``threads``
-    defaults to fd-core's CPU thread count (FD_CPU_NUM_THREADS or the cores)."""
+    defaults to fd-core's CPU thread count (FD_CPU_NUM_THREADS or the cores).
+    ``repack=False`` runs the contract-layout kernel: for weights made per
+    call (an expert's slice of a stacked weight), whose repacked copy would
+    not be reused."""
     import paddle
 
     if quant.method not in METHODS:
@@ -129,7 +132,7 @@ def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None 
         x2 = x2.contiguous()
     nthreads = threads or num_threads()
     group = quant.group_size if quant.group_size and quant.group_size > 0 else -1
-    use_packed = _use_packed(isa) and (quant.method != "wint8" or x2.shape[0] <= WINT8_PACKED_MAX_ROWS)
+    use_packed = repack and _use_packed(isa) and (quant.method != "wint8" or x2.shape[0] <= WINT8_PACKED_MAX_ROWS)
     packed = _packed(quant) if use_packed else None
     if packed is not None:
         out = ops.fd_x86_packed_linear(x2, packed[0], packed[1], _PACKED_METHOD[quant.method], d_out, group, nthreads)
