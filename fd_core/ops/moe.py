@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from fd_core._paddle import import_paddle
+from fd_core.ops.activation import reference_silu_and_mul
 
 __all__ = ["grouped_experts", "reference_moe_experts", "reference_moe_select_experts"]
 
@@ -80,11 +81,6 @@ def reference_moe_experts(
     return grouped_experts(x, topk_weights, topk_ids, num_experts, up_gate, down)
 
 
-def _reference_act(h: Any) -> Any:
-    gate, up = paddle.chunk(h, 2, axis=-1)
-    return F.silu(gate) * up
-
-
 def grouped_experts(
     x: Any, topk_weights: Any, topk_ids: Any, num_experts: int, up_gate: Any, down: Any, act: Any = None,
 ) -> Any:
@@ -94,7 +90,7 @@ def grouped_experts(
     silu-and-mul of ``[gate | up]``, paddle's by default); the outputs are
     weighted and summed back per token. Backends reuse it with their own
     per-expert linears."""
-    act = act or _reference_act
+    act = act or reference_silu_and_mul
     num_tokens, top_k = topk_ids.shape
     ids = topk_ids.numpy().reshape(-1)
     order = np.argsort(ids, kind="stable")

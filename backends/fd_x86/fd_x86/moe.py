@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fd_core.ops.activation import reference_silu_and_mul
 from fd_core.ops.moe import grouped_experts
 from fd_core.quantization.weights import expert_weight
 from fd_x86 import ops as x86_ops
@@ -38,6 +39,7 @@ def moe_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any) -> Any:
         return quantized_linear(rows, expert_weight(down_q, expert), repack=False)
 
     def act(h: Any) -> Any:
-        return x86_ops.silu_and_mul(h)
+        out = x86_ops.silu_and_mul(h)
+        return out if out is not None else reference_silu_and_mul(h)
 
     return grouped_experts(x, topk_weights, topk_ids, int(up_q.qweight.shape[0]), up_gate, down, act)

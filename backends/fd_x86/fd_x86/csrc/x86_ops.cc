@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "ops_kernels.h"
@@ -476,6 +477,11 @@ PD_BUILD_OP(fd_x86_qkv_rope_cache)
 // results; what it saves is ~8 op calls per layer.
 namespace {
 
+struct Buffer {  // a slice of the layer's scratch
+  float* p = nullptr;
+  float* data() const { return p; }
+};
+
 std::vector<paddle::Tensor> DecoderLayer(
     const paddle::Tensor& hidden, const paddle::Tensor& residual, const paddle::Tensor& input_norm,
     const paddle::Tensor& post_norm, const paddle::Tensor& cos_sin, const paddle::Tensor& positions,
@@ -529,8 +535,18 @@ std::vector<paddle::Tensor> DecoderLayer(
   paddle::Tensor h_out = paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   paddle::Tensor res_out = paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   if (T == 0) return {h_out, res_out};
-  std::vector<float> x(T * D), res(has_residual ? T * D : 0), qkv(T * qkv_size), k(T * Hkv * dh), v(T * Hkv * dh),
-      ctx(T * q_size), o(T * D), up_gate(T * 2 * inter), act(T * inter);
+  // scratch, uninitialized (every element is written before it is read): one
+  // allocation carved into the steps' buffers
+  const int64_t sizes[9] = {T * D, has_residual ? T * D : 0, T * qkv_size, T * Hkv * dh, T * Hkv * dh,
+                            T * q_size, T * D, T * 2 * inter, T * inter};
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  std::unique_ptr<float[]> scratch(new float[total]);
+  Buffer bufs[9];
+  int64_t off = 0;
+  for (int i = 0; i < 9; off += sizes[i], ++i) bufs[i] = Buffer{scratch.get() + off};
+  Buffer &x = bufs[0], &res = bufs[1], &qkv = bufs[2], &k = bufs[3], &v = bufs[4], &ctx = bufs[5], &o = bufs[6],
+         &up_gate = bufs[7], &act = bufs[8];
   // input norm: res = hidden + residual (or hidden itself)
   const float* res_in = hidden.data<float>();
   if (has_residual) {
