@@ -30,7 +30,7 @@ class Ops:
         self._hook = pm.hook
         self._backend_name = backend_name
         # no plugin fuses layers (the reference alone): skip the hook call per layer
-        self._fuses_layers = bool(pm.hook.fd_decoder_layer.get_hookimpls())
+        self._fuses_layers = bool(pm.hook.fd_decoder_layers.get_hookimpls())
 
     def _answer(self, op: str, result: Any, what: str = "") -> Any:
         if result is None:
@@ -90,22 +90,23 @@ class Ops:
         self.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
         return q, k, v
 
-    def decoder_layer(
-        self, layer: Any, hidden: Tensor, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
-        k_cache: Tensor, v_cache: Tensor,
+    def decoder_layers(
+        self, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
+        k_caches: list[Tensor], v_caches: list[Tensor],
     ) -> tuple[Tensor, Tensor]:
-        """A dense decoder layer -> ``(hidden, residual)``: the backend's fused
-        kernel when it answers, else the unfused hooks (see the hookspec)."""
+        """A run of dense decoder layers -> ``(hidden, residual)``: the
+        backend's fused kernel when it answers, else the unfused hooks layer
+        by layer (see the hookspec)."""
         if self._fuses_layers:
-            fused = self._hook.fd_decoder_layer(
-                layer=layer, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
-                k_cache=k_cache, v_cache=v_cache,
+            fused = self._hook.fd_decoder_layers(
+                layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
+                k_caches=k_caches, v_caches=v_caches,
             )
             if fused is not None:
                 return fused  # type: ignore[no-any-return]
-        from fd_core.ops.decoder import compose_decoder_layer
+        from fd_core.ops.decoder import compose_decoder_layers
 
-        return compose_decoder_layer(self, layer, hidden, residual, cos_sin, metadata, k_cache, v_cache)
+        return compose_decoder_layers(self, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
 
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str,

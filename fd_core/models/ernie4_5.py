@@ -62,7 +62,7 @@ class DecoderLayer:
         self._weights: DecoderLayerWeights | None = None
 
     def weights(self) -> DecoderLayerWeights:
-        """A dense layer's weights as ``fd_decoder_layer`` takes them: the same
+        """A dense layer's weights as ``fd_decoder_layers`` takes them: the same
         object from step to step (backends cache derived data on it) until a
         weight is replaced."""
         attn, mlp = self.self_attn, self.mlp
@@ -81,10 +81,15 @@ class DecoderLayer:
         )
         return self._weights
 
+    @property
+    def is_dense(self) -> bool:
+        return isinstance(self.mlp, GatedMLP)
+
     def __call__(self, h: Any, residual: Any | None, cos_sin: Any, meta: Any, cache: KVCache) -> tuple[Any, Any]:
-        """``(hidden, residual)`` in and out (``residual`` None in the first layer)."""
-        if isinstance(self.mlp, GatedMLP):  # one call, fused where the backend can
-            return self.ops.decoder_layer(self.weights(), h, residual, cos_sin, meta, cache.k, cache.v)
+        """``(hidden, residual)`` in and out (``residual`` None in the first
+        layer). The model runs its dense layers in runs (``Ops.decoder_layers``)."""
+        if self.is_dense:
+            return self.ops.decoder_layers([self.weights()], h, residual, cos_sin, meta, [cache.k], [cache.v])
         if residual is None:
             x, residual = self.input_layernorm(h), h
         else:
@@ -103,6 +108,14 @@ class Ernie4_5ForCausalLM:
         c = config
         self.embed_tokens = Param((c.vocab_size, c.hidden_size))
         self.layers = [DecoderLayer(ops, c, i) for i in range(c.num_layers)]
+        # consecutive dense layers run as one Ops.decoder_layers call (one
+        # fused op where the backend has it); each MoE layer on its own
+        self._runs: list[tuple[int, int]] = []
+        for i, layer in enumerate(self.layers):
+            if self._runs and layer.is_dense and self.layers[i - 1].is_dense:
+                self._runs[-1] = (self._runs[-1][0], i + 1)
+            else:
+                self._runs.append((i, i + 1))
         self.norm = RMSNorm(ops, c.hidden_size, c.rms_norm_eps)
         self.lm_head = Linear(ops, c.hidden_size, c.vocab_size)  # [D, V]
         self.max_position = max_position or c.max_position_embeddings
@@ -163,8 +176,15 @@ class Ernie4_5ForCausalLM:
         """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]`` (None: every row)."""
         h = paddle.gather(self.embed_tokens.data, input_ids)  # [T, D]
         residual = None
-        for layer, cache in zip(self.layers, caches):
-            h, residual = layer(h, residual, self.cos_sin, meta, cache)
+        for start, end in self._runs:
+            if end - start == 1:
+                h, residual = self.layers[start](h, residual, self.cos_sin, meta, caches[start])
+                continue
+            run = range(start, end)
+            h, residual = self.ops.decoder_layers(
+                [self.layers[i].weights() for i in run], h, residual, self.cos_sin, meta,
+                [caches[i].k for i in run], [caches[i].v for i in run],
+            )
         h, _ = self.norm(h, residual)
         if logits_indices is not None and logits_indices.shape[0] == 0:
             return None

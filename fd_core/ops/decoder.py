@@ -6,9 +6,10 @@ family: RMSNorm, fused QKV projection, rotary embedding, paged attention
 mul, down projection, with the residual adds folded into the norms. Each
 linear weight is an fp32 ``[in, out]`` tensor or a ``QuantizedWeight``.
 
-``compose_decoder_layer`` runs it through the separate kernel hooks: the
-numerics of the optional fused hook ``fd_decoder_layer``, and what ``Ops``
-runs when no backend fuses the layer. ``self_attention`` is its attention
+``compose_decoder_layer`` runs it through the separate kernel hooks, and
+``compose_decoder_layers`` a run of such layers: the numerics of the
+optional fused hook ``fd_decoder_layers``, and what ``Ops`` runs when no
+backend fuses the run. ``self_attention`` is its attention
 block, which the model's MoE layers use as well.
 """
 
@@ -23,7 +24,8 @@ from fd_core.ops.linear import QuantizedWeight
 if TYPE_CHECKING:
     from fd_core.backends.base import Ops
 
-__all__ = ["DecoderLayerWeights", "apply_linear", "compose_decoder_layer", "self_attention"]
+__all__ = ["DecoderLayerWeights", "apply_linear", "compose_decoder_layer", "compose_decoder_layers",
+           "self_attention"]
 
 paddle = import_paddle()
 
@@ -97,3 +99,16 @@ def compose_decoder_layer(
     x, residual = ops.rms_norm(h, layer.post_norm, layer.eps, residual)
     h = apply_linear(ops, ops.silu_and_mul(apply_linear(ops, x, layer.up_gate)), layer.down)
     return h, residual
+
+
+def compose_decoder_layers(
+    ops: Ops, layers: list[DecoderLayerWeights], hidden: Any, residual: Any | None, cos_sin: Any, metadata: Any,
+    k_caches: list[Any], v_caches: list[Any],
+) -> tuple[Any, Any]:
+    """``compose_decoder_layer`` over a run of layers, each with its caches."""
+    if not (len(layers) == len(k_caches) == len(v_caches)) or not layers:
+        raise ValueError(f"decoder_layers: {len(layers)} layers with {len(k_caches)} k and {len(v_caches)} v "
+                         "caches; expected one of each per layer, at least one layer")
+    for layer, k_cache, v_cache in zip(layers, k_caches, v_caches):
+        hidden, residual = compose_decoder_layer(ops, layer, hidden, residual, cos_sin, metadata, k_cache, v_cache)
+    return hidden, residual

@@ -207,25 +207,28 @@ def fd_rope_and_write_kv_cache(
 
 
 @hookspec(firstresult=True)
-def fd_decoder_layer(
-    layer: Any,
+def fd_decoder_layers(
+    layers: Any,
     hidden: Tensor,
     residual: Tensor | None,
     cos_sin: Tensor,
     metadata: Any,
-    k_cache: Tensor,
-    v_cache: Tensor,
+    k_caches: Any,
+    v_caches: Any,
 ) -> Any:
-    """Optional fusion of a whole dense decoder layer (norm, attention block,
-    norm, gated MLP) into one call.
+    """Optional fusion of a run of consecutive dense decoder layers (each:
+    norm, attention block, norm, gated MLP) into one call.
 
-    ``layer`` is a ``fd_core.ops.decoder.DecoderLayerWeights``; ``hidden
-    [T, D]`` and ``residual`` (None in the first layer) are the residual
-    stream as the model carries it. Must equal
-    ``fd_core.ops.decoder.compose_decoder_layer``, which chains the unfused
-    hooks, and returns the same ``(hidden, residual)``. The reference does
-    not implement it (``Ops`` composes then). A backend answers the cases it
-    has a kernel for (say, decode-only steps with its quantized weights) and
+    ``layers`` is a list of ``fd_core.ops.decoder.DecoderLayerWeights`` (one
+    or more; the model passes each run of dense layers between MoE layers,
+    all of a dense model's layers at once), ``k_caches`` / ``v_caches`` the
+    layers' caches in the same order. ``hidden [T, D]`` and ``residual``
+    (None before the model's first layer) are the residual stream as the
+    model carries it. Must equal ``fd_core.ops.decoder.compose_decoder_layers``,
+    which chains the unfused hooks layer by layer, and returns the same
+    ``(hidden, residual)`` after the last layer. The reference does not
+    implement it (``Ops`` composes then). A backend answers the cases it has
+    a kernel for (say, decode-only steps with its quantized weights) and
     returns None for the rest. Stops at the first non-None result.
     """
 

@@ -1,5 +1,6 @@
-"""Ops.decoder_layer: a backend's fused answer, else the unfused hooks; the
-layer description backends cache on; the model's dense layers route through it."""
+"""Ops.decoder_layers: a backend's fused answer, else the unfused hooks layer
+by layer; the layer description backends cache on; the model's runs of dense
+layers route through it."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import paddle
+import pytest
 
 from fd_core.backends import cpu
 from fd_core.backends.base import Ops
 from fd_core.ops.attention import AttentionMetadata
-from fd_core.ops.decoder import DecoderLayerWeights, compose_decoder_layer
+from fd_core.ops.decoder import DecoderLayerWeights, compose_decoder_layer, compose_decoder_layers
 from fd_core.ops.rope import rope_cos_sin
 from fd_core.plugins import hookimpl
 from fd_core.plugins.manager import make_plugin_manager
@@ -47,7 +49,7 @@ class _Fused:
         self.calls = 0
 
     @hookimpl
-    def fd_decoder_layer(self, layer, hidden, residual, cos_sin, metadata, k_cache, v_cache):  # noqa: ANN001, ANN201
+    def fd_decoder_layers(self, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches):  # noqa: ANN001, ANN201
         self.calls += 1
         return self.answer
 
@@ -57,7 +59,7 @@ def test_reference_alone_composes_without_asking_the_hook() -> None:
     ops = Ops(make_plugin_manager(cpu), "cpu")
     assert not ops._fuses_layers
     layer, (hidden, cos_sin, meta, k, v) = _layer(rng), _step(rng)
-    got = ops.decoder_layer(layer, hidden, None, cos_sin, meta, k, v)
+    got = ops.decoder_layers([layer], hidden, None, cos_sin, meta, [k], [v])
     k2, v2 = paddle.zeros_like(k), paddle.zeros_like(v)
     want = compose_decoder_layer(ops, layer, hidden, None, cos_sin, meta, k2, v2)
     for g, w in zip(got, want):
@@ -72,14 +74,33 @@ def test_a_fused_answer_is_used_and_none_falls_back() -> None:
     sentinel = (paddle.zeros([2, D]), paddle.ones([2, D]))
     fused = _Fused(sentinel)
     ops = Ops(make_plugin_manager(cpu, fused), "fused")
-    assert ops.decoder_layer(layer, hidden, None, cos_sin, meta, k, v) is sentinel
+    assert ops.decoder_layers([layer], hidden, None, cos_sin, meta, [k], [v]) is sentinel
     declining = _Fused(None)
     ops = Ops(make_plugin_manager(cpu, declining), "declining")
-    out = ops.decoder_layer(layer, hidden, None, cos_sin, meta, k, v)
+    out = ops.decoder_layers([layer], hidden, None, cos_sin, meta, [k], [v])
     assert declining.calls == 1
     want = compose_decoder_layer(ops, layer, hidden, None, cos_sin, meta, paddle.zeros_like(k), paddle.zeros_like(v))
     for g, w in zip(out, want):
         np.testing.assert_array_equal(g.numpy(), w.numpy())
+
+
+def test_a_run_chains_the_layers_each_on_its_own_cache() -> None:
+    rng = np.random.default_rng(3)
+    layers = [_layer(rng), _layer(rng)]
+    hidden, cos_sin, meta, _, _ = _step(rng)
+    ops = Ops(make_plugin_manager(cpu), "cpu")
+    caches = [paddle.zeros([32, HKV, DH]) for _ in range(4)]
+    got = ops.decoder_layers(layers, hidden, None, cos_sin, meta, caches[0:2], caches[2:4])
+    mine = [paddle.zeros([32, HKV, DH]) for _ in range(4)]
+    h, r = compose_decoder_layer(ops, layers[0], hidden, None, cos_sin, meta, mine[0], mine[2])
+    want = compose_decoder_layer(ops, layers[1], h, r, cos_sin, meta, mine[1], mine[3])
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+    for c, m in zip(caches, mine):
+        np.testing.assert_array_equal(c.numpy(), m.numpy())
+    assert not np.array_equal(caches[0].numpy(), caches[1].numpy())  # each layer stored its own k
+    with pytest.raises(ValueError, match="2 layers with 1 k and 2 v caches"):
+        compose_decoder_layers(ops, layers, hidden, None, cos_sin, meta, caches[0:1], caches[2:4])
 
 
 def test_replace_gives_a_fresh_backend_cache() -> None:
@@ -102,3 +123,20 @@ def test_dense_layers_keep_one_description_until_a_weight_is_replaced(tmp_path: 
     layer.mlp.down_proj.weight = SimpleNamespace(data=paddle.zeros_like(first.down))
     second = layer.weights()
     assert second is not first and second.down is layer.mlp.down_proj.weight.data
+
+
+def test_the_model_runs_consecutive_dense_layers_together() -> None:
+    from fd_core.models.config import config_from_dict
+    from fd_core.models.ernie4_5 import Ernie4_5ForCausalLM
+    from fd_core.testing.checkpoints import SHAPES
+
+    ops = Ops(make_plugin_manager(cpu), "cpu")
+    raw = {**SHAPES["tiny-dense"], "architectures": ["Ernie4_5ForCausalLM"], "num_hidden_layers": 4}
+    dense = Ernie4_5ForCausalLM(config_from_dict(raw), ops, 64)
+    assert dense._runs == [(0, 4)]
+    raw = {**SHAPES["tiny-moe"], "architectures": ["Ernie4_5_MoeForCausalLM"], "num_hidden_layers": 8,
+           "moe_layer_start_index": 2, "moe_layer_end_index": 5, "moe_capacity": [8, 8, 8]}
+    model = Ernie4_5ForCausalLM(config_from_dict(raw), ops, 64)
+    kinds = [layer.is_dense for layer in model.layers]
+    assert kinds == [True, True, False, False, False, False, True, True]
+    assert model._runs == [(0, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 8)]

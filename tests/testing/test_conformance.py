@@ -71,20 +71,20 @@ _BROKEN_FUSED_STORE = textwrap.dedent('''
 ''')
 
 
-# a fused decoder layer that skips the post-attention norm's weight on decode
-# steps and declines the rest: only the fused case can tell
+# fused decoder layers that skip the post-attention norm's weight on decode
+# steps and decline the rest: only the fused cases can tell
 _BROKEN_FUSED_LAYER = textwrap.dedent('''
     @hookimpl
-    def fd_decoder_layer(layer, hidden, residual, cos_sin, metadata, k_cache, v_cache):
+    def fd_decoder_layers(layers, hidden, residual, cos_sin, metadata, k_caches, v_caches):
         import dataclasses
         import paddle
         from fd_core.backends import get_backend
-        from fd_core.ops.decoder import compose_decoder_layer
+        from fd_core.ops.decoder import compose_decoder_layers
         if metadata.num_decodes != hidden.shape[0]:
             return None
-        layer = dataclasses.replace(layer, post_norm=paddle.ones_like(layer.post_norm))
-        return compose_decoder_layer(get_backend("cpu").ops, layer, hidden, residual, cos_sin, metadata,
-                                     k_cache, v_cache)
+        layers = [dataclasses.replace(layer, post_norm=paddle.ones_like(layer.post_norm)) for layer in layers]
+        return compose_decoder_layers(get_backend("cpu").ops, layers, hidden, residual, cos_sin, metadata,
+                                      k_caches, v_caches)
 ''')
 
 
@@ -242,11 +242,11 @@ def test_wrong_fused_store_fails_its_case(workdir: Path, site: Path) -> None:
 def test_wrong_fused_layer_fails_its_decode_cases_only(workdir: Path, site: Path) -> None:
     _install_backend(site, "broken", _DEVICE_HOOKS.format(
         name="broken", availability="Availability.ok()") + _BROKEN_FUSED_LAYER)
-    result = _run_suite(workdir, "--fd-backend", "broken", "-k", "decoder_layer", site=site)
+    result = _run_suite(workdir, "--fd-backend", "broken", "-k", "decoder_layers", site=site)
     output = result.stdout + result.stderr
     assert result.returncode == pytest.ExitCode.TESTS_FAILED, output
-    failed = re.findall(r"^FAILED \S+::test_decoder_layer\[([^\]]+)\]", result.stdout, re.M)
+    failed = re.findall(r"^FAILED \S+::test_decoder_layers\[([^\]]+)\]", result.stdout, re.M)
     assert failed and all("decode-" in case for case in failed), output
     assert not any("mixed" in case for case in failed), output  # declined: the unfused hooks answered
-    assert "decoder_layer [decode-b1: none" in result.stdout, output
-    assert re.search(r"^  decoder_layer: +native, unfused hooks", result.stdout, re.M), output
+    assert "decoder_layers [decode-b1: none layers=2" in result.stdout, output
+    assert re.search(r"^  decoder_layers: +native, unfused hooks", result.stdout, re.M), output

@@ -7,7 +7,7 @@ fp32 CPU tensors ``fd_rms_norm``, ``fd_silu_and_mul``,
 ``fd_rotary_embedding``, ``fd_write_kv_cache``, ``fd_decode_attention`` and
 ``fd_prefill_attention`` (``fd_x86.ops``); the optional fusions
 ``fd_rope_and_write_kv_cache`` and, for decode steps with packed quantized
-weights, ``fd_decoder_layer`` (``fd_x86.layer``); ``fd_moe_experts`` for
+weights, ``fd_decoder_layers`` (``fd_x86.layer``); ``fd_moe_experts`` for
 quantized experts (``fd_x86.moe``). Unquantized linears and experts, routing,
 sampling, the cache allocation / block copies and any input those ops do not
 take return None here, so fd-core's reference answers.
@@ -174,11 +174,11 @@ def fd_rope_and_write_kv_cache(qkv: Any, positions: Any, cos_sin: Any, interleav
 
 
 @hookimpl
-def fd_decoder_layer(layer: Any, hidden: Any, residual: Any, cos_sin: Any, metadata: Any, k_cache: Any,
-                     v_cache: Any) -> Any:
-    from fd_x86.layer import decoder_layer
+def fd_decoder_layers(layers: Any, hidden: Any, residual: Any, cos_sin: Any, metadata: Any, k_caches: Any,
+                      v_caches: Any) -> Any:
+    from fd_x86.layer import decoder_layers
 
-    return _native(decoder_layer, layer, hidden, residual, cos_sin, metadata, k_cache, v_cache)
+    return _native(decoder_layers, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
 
 
 @hookimpl

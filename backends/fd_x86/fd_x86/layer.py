@@ -1,18 +1,19 @@
-"""The fused dense decoder layer (``fd_decoder_layer``) for decode steps.
+"""The fused dense decoder layers (``fd_decoder_layers``) for decode steps.
 
 At a few requests a decode step of the 0.3B model is ~18 layers x 9 op calls;
 each call costs 10-20 us of Python, pluggy and paddle dispatch, and the
 calls between the quantized matmuls added ~30% to the matmuls' own time at
-batch 1. ``fd_x86_decoder_layer`` (``csrc/x86_ops.cc``) runs the layer in one
-call with the same kernels as the separate ops: the norms, the packed
-quantized linears, the fused QKV / rotary / cache store and the paged decode
-attention.
+batch 1. ``fd_x86_decoder_layers`` (``csrc/x86_ops.cc``) runs a whole run of
+layers (all 18 of the 0.3B model) in one call with the same kernels as the
+separate ops: the norms, the packed quantized linears, the fused QKV /
+rotary / cache store and the paged decode attention.
 
-It answers decode-only steps whose four linear weights are quantized with
-wint8, wint4 or w8a8, on fp32 CPU tensors, with the kernel ``fd_x86.linear``
-would pick (the packed one; for wint8 above ``WINT8_PACKED_MAX_ROWS`` rows the
-contract layout's);
-anything else returns None and the separate ops run (``fd_core.ops.decoder``).
+It answers decode-only steps whose layers' four linear weights are all
+quantized with wint8, wint4 or w8a8, on fp32 CPU tensors, with the kernel
+``fd_x86.linear`` would pick (the packed one; for wint8 above
+``WINT8_PACKED_MAX_ROWS`` rows the contract layout's), when the layers share
+their shape (heads, eps, scale, rotary layout); anything else returns None
+and the separate ops run layer by layer (``fd_core.ops.decoder``).
 ``FD_X86_FUSED_LAYER=0`` turns it off (A/B comparisons).
 """
 
@@ -28,11 +29,12 @@ from fd_x86 import ops as x86_ops
 from fd_x86.build import load_ops
 from fd_x86.linear import _PACKED_METHOD, METHODS, WINT8_PACKED_MAX_ROWS, _packed, _use_packed
 
-__all__ = ["decoder_layer"]
+__all__ = ["decoder_layers"]
 
 WINT8_CONTRACT = 3  # the op's kernel code for wint8 on the contract layout [out, in]
 CACHE_KEY = "x86"  # in DecoderLayerWeights.backend_cache: (the 4 linears, {contract?: their kernels' inputs})
 FITS_KEY = "x86.fits"  # in DecoderLayerWeights.backend_cache: ((cos_sin, k_cache, v_cache), bool)
+RUN_KEY = "x86.run"  # in the run's first layer's backend_cache: (the run's tensors, {contract?: the op's inputs})
 STEP_KEY = "x86.layer"  # in metadata.workspace: the step's index tensors
 
 
@@ -107,26 +109,70 @@ def _step_inputs(metadata: Any) -> tuple[Any, ...]:
     return inputs  # type: ignore[no-any-return]
 
 
-def decoder_layer(layer: Any, hidden: Any, residual: Any | None, cos_sin: Any, metadata: Any, k_cache: Any,
-                  v_cache: Any) -> Any:
-    """``(hidden, residual)`` after the layer, or None (see the module doc)."""
+def _same_shape(layers: list[Any]) -> bool:
+    first = layers[0]
+    return all(
+        (layer.eps, layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.scale, layer.interleaved_rope)
+        == (first.eps, first.num_heads, first.num_kv_heads, first.head_dim, first.scale, first.interleaved_rope)
+        for layer in layers[1:]
+    )
+
+
+def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any],
+                rows: int) -> tuple[list[Any], list[Any], list[Any], list[Any], list[int], list[int], list[int]] | None:
+    """The op's per-layer inputs for the run (norms, caches, weights and the
+    kernels' codes, widths and groups), or None when a layer does not fit.
+    Cached on the first layer, keyed on every tensor of the run."""
+    key = (cos_sin, *layers, *k_caches, *v_caches)
+    contract = rows > WINT8_PACKED_MAX_ROWS
+    cache = layers[0].backend_cache.get(RUN_KEY)
+    fresh = cache is not None and len(cache[0]) == len(key) and all(a is b for a, b in zip(cache[0], key))
+    if fresh and contract in cache[1]:
+        return cache[1][contract]  # type: ignore[no-any-return]
+    answer = None
+    if len(layers) == len(k_caches) == len(v_caches) and _same_shape(layers):
+        norms: list[Any] = []
+        weights: list[Any] = []
+        methods: list[int] = []
+        widths: list[int] = []
+        groups: list[int] = []
+        for layer, k_cache, v_cache in zip(layers, k_caches, v_caches):
+            linears = _packed_linears(layer, rows) if _fits(layer, cos_sin, k_cache, v_cache) else None
+            if linears is None:
+                break
+            norms += [x86_ops._dense(layer.input_norm), x86_ops._dense(layer.post_norm)]
+            weights += linears[0]
+            methods += linears[1]
+            widths += linears[2]
+            groups += linears[3]
+        else:
+            answer = (norms, list(k_caches), list(v_caches), weights, methods, widths, groups)
+    if not fresh:
+        cache = layers[0].backend_cache[RUN_KEY] = (key, {})
+    cache[1][contract] = answer
+    return answer
+
+
+def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin: Any, metadata: Any,
+                   k_caches: list[Any], v_caches: list[Any]) -> Any:
+    """``(hidden, residual)`` after the run of layers, or None (see the module doc)."""
     rows = hidden.shape[0]
-    if rows == 0 or metadata.num_decodes != rows or len(hidden.shape) != 2 or not _enabled():
+    if rows == 0 or not layers or metadata.num_decodes != rows or len(hidden.shape) != 2 or not _enabled():
         return None
-    if not x86_ops._host(hidden) or (residual is not None and not x86_ops._host(residual)) \
-            or not _fits(layer, cos_sin, k_cache, v_cache):
+    if not x86_ops._host(hidden) or (residual is not None and not x86_ops._host(residual)):
         return None
-    linears = _packed_linears(layer, rows)
-    if linears is None:
+    inputs = _run_inputs(layers, cos_sin, k_caches, v_caches, rows)
+    if inputs is None:
         return None
-    weights, methods, widths, groups = linears
+    norms, k_list, v_list, weights, methods, widths, groups = inputs
     positions, slots, tables, lens, block_size = _step_inputs(metadata)
     dense = x86_ops._dense
     hidden = dense(hidden)
-    out, total = load_ops().fd_x86_decoder_layer(
-        hidden, hidden if residual is None else dense(residual), dense(layer.input_norm), dense(layer.post_norm),
-        dense(cos_sin), positions, slots, k_cache, v_cache, tables, lens, weights, residual is not None, methods,
-        widths, groups, float(layer.eps), int(layer.num_heads), int(layer.num_kv_heads),
-        bool(layer.interleaved_rope), block_size, float(layer.scale), num_threads(),
+    first = layers[0]
+    out, total = load_ops().fd_x86_decoder_layers(
+        hidden, hidden if residual is None else dense(residual), dense(cos_sin), positions, slots, tables, lens,
+        norms, k_list, v_list, weights, residual is not None, methods, widths, groups, float(first.eps),
+        int(first.num_heads), int(first.num_kv_heads), bool(first.interleaved_rope), block_size,
+        float(first.scale), num_threads(),
     )
     return out, total

@@ -1,6 +1,7 @@
-"""The fused decoder layer (fd_x86.layer / ``fd_x86_decoder_layer``) against
-the unfused composition of the same kernels and the CPU reference, when it
-declines, its input checks, and its routing through ``Ops.decoder_layer``."""
+"""The fused decoder layers (fd_x86.layer / ``fd_x86_decoder_layers``) against
+the unfused composition of the same kernels and the CPU reference, one layer
+and runs of several, when they decline, their input checks, and their
+routing through ``Ops.decoder_layers``."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from fd_x86.linear import WINT8_PACKED_MAX_ROWS, _use_packed  # noqa: E402
 
 import fd_core.ops.decoder as decoder  # noqa: E402
 from fd_core.ops.attention import AttentionMetadata  # noqa: E402
-from fd_core.ops.decoder import DecoderLayerWeights, compose_decoder_layer  # noqa: E402
+from fd_core.ops.decoder import DecoderLayerWeights, compose_decoder_layer, compose_decoder_layers  # noqa: E402
 from fd_core.ops.rope import rope_cos_sin  # noqa: E402
 from fd_core.quantization import quantize_weight  # noqa: E402
 
@@ -65,6 +66,12 @@ def ref_ops() -> Any:
 
 def _t(a: np.ndarray) -> Any:
     return paddle.to_tensor(a)
+
+
+def _fused1(layer: DecoderLayerWeights, hidden: Any, residual: Any, cos_sin: Any, meta: Any, k_cache: Any,
+            v_cache: Any) -> Any:
+    """The fused op on a run of one layer."""
+    return fused.decoder_layers([layer], hidden, residual, cos_sin, meta, [k_cache], [v_cache])
 
 
 _LAYERS: dict[tuple, DecoderLayerWeights] = {}
@@ -147,7 +154,7 @@ def _step(batch: int, with_residual: bool, seed: int, kv_heads: int = 2, head_di
 def _run_fused(layer: DecoderLayerWeights, step: Step) -> tuple[Any, Any, Any]:
     hidden, residual = step.inputs()
     k_cache, v_cache = step.caches()
-    out = fused.decoder_layer(layer, hidden, residual, step.cos_sin, step.meta(), k_cache, v_cache)
+    out = _fused1(layer, hidden, residual, step.cos_sin, step.meta(), k_cache, v_cache)
     assert out is not None, "the fused layer declined a step it should answer"
     np.testing.assert_array_equal(hidden.numpy(), step.hidden)  # inputs left alone
     if residual is not None:
@@ -250,7 +257,7 @@ def test_fused_layer_takes_strided_hidden_and_residual(x86_ops: Any) -> None:
     wide_r = _t(np.concatenate([step.residual, np.zeros_like(step.residual)], axis=1))[:, :HIDDEN]
     assert not wide_h.is_contiguous() and not wide_r.is_contiguous()
     k_cache, v_cache = step.caches()
-    out = fused.decoder_layer(layer, wide_h, wide_r, step.cos_sin, step.meta(), k_cache, v_cache)
+    out = _fused1(layer, wide_h, wide_r, step.cos_sin, step.meta(), k_cache, v_cache)
     assert out is not None
     _assert_same((out, k_cache, v_cache), _run_composed(x86_ops, layer, step), rtol=1e-5, atol=1e-5)
 
@@ -268,7 +275,7 @@ def test_fused_layer_skips_slot_minus_one_like_the_composition(x86_ops: Any, ref
     layer = _layer("wint4")
     step = _step(3, True, seed=43)
     runs = []
-    for run in (lambda m, k, v: fused.decoder_layer(layer, *step.inputs(), step.cos_sin, m, k, v),
+    for run in (lambda m, k, v: _fused1(layer, *step.inputs(), step.cos_sin, m, k, v),
                 lambda m, k, v: compose_decoder_layer(x86_ops, layer, *step.inputs(), step.cos_sin, m, k, v),
                 lambda m, k, v: compose_decoder_layer(ref_ops, layer, *step.inputs(), step.cos_sin, m, k, v)):
         meta = step.meta()
@@ -304,15 +311,15 @@ def test_prefill_then_fused_decode_steps(x86_ops: Any, method: str) -> None:
     cos_sin = rope_cos_sin(64, MAX_POS, 10000.0)
     prefill = AttentionMetadata.build(prompts, prompts, tables, BLOCK, 0)
     hidden = _t(rng.normal(0, 1, (sum(prompts), HIDDEN)).astype(np.float32))
-    x86_ops.decoder_layer(layer, hidden, None, cos_sin, prefill, k_fused, v_fused)
+    x86_ops.decoder_layers([layer], hidden, None, cos_sin, prefill, [k_fused], [v_fused])
     assert float(paddle.abs(k_fused).sum()) > 0
     k_comp, v_comp = k_fused.clone(), v_fused.clone()
     for i in range(1, steps + 1):
         lens = [n + i for n in prompts]
         hidden = rng.normal(0, 1, (3, HIDDEN)).astype(np.float32)
         residual = rng.normal(0, 1, (3, HIDDEN)).astype(np.float32)
-        got = fused.decoder_layer(layer, _t(hidden), _t(residual), cos_sin,
-                                  AttentionMetadata.build([1, 1, 1], lens, tables, BLOCK, 3), k_fused, v_fused)
+        got = _fused1(layer, _t(hidden), _t(residual), cos_sin,
+                      AttentionMetadata.build([1, 1, 1], lens, tables, BLOCK, 3), k_fused, v_fused)
         assert got is not None
         want = compose_decoder_layer(x86_ops, layer, _t(hidden), _t(residual), cos_sin,
                                      AttentionMetadata.build([1, 1, 1], lens, tables, BLOCK, 3), k_comp, v_comp)
@@ -325,7 +332,7 @@ def test_prefill_then_fused_decode_steps(x86_ops: Any, method: str) -> None:
 def _assert_declines(layer: DecoderLayerWeights, step: Step) -> None:
     hidden, residual = step.inputs()
     k_cache, v_cache = step.caches()
-    assert fused.decoder_layer(layer, hidden, residual, step.cos_sin, step.meta(), k_cache, v_cache) is None
+    assert _fused1(layer, hidden, residual, step.cos_sin, step.meta(), k_cache, v_cache) is None
     np.testing.assert_array_equal(k_cache.numpy(), step.k_start)  # nothing was stored
     np.testing.assert_array_equal(v_cache.numpy(), step.v_start)
 
@@ -377,7 +384,7 @@ def _run_bad(layer: DecoderLayerWeights, step: Step, meta: AttentionMetadata, co
     hidden, residual = step.inputs()
     k_cache, v_cache = step.caches()
     with pytest.raises(Exception, match=match):
-        fused.decoder_layer(layer, hidden, residual, cos_sin, meta, k_cache, v_cache)
+        _fused1(layer, hidden, residual, cos_sin, meta, k_cache, v_cache)
     # checked before anything is stored
     np.testing.assert_array_equal(k_cache.numpy(), step.k_start)
     np.testing.assert_array_equal(v_cache.numpy(), step.v_start)
@@ -428,11 +435,11 @@ def test_rejects_norm_weights_of_another_width() -> None:
 # -------------------------------------------------------------- via the hook
 
 
-def test_ops_decoder_layer_uses_the_fused_answer(x86_ops: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ops_decoder_layers_uses_the_fused_answer(x86_ops: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     layer = _layer("wint4")
     step = _step(3, True, seed=15)
     answers = []
-    real = fused.decoder_layer
+    real = fused.decoder_layers
 
     def spy(*args: Any) -> Any:
         answers.append(real(*args))
@@ -441,11 +448,11 @@ def test_ops_decoder_layer_uses_the_fused_answer(x86_ops: Any, monkeypatch: pyte
     def no_composition(*args: Any) -> Any:
         raise AssertionError("the fused layer answered; the composition must not run")
 
-    monkeypatch.setattr(fused, "decoder_layer", spy)
-    monkeypatch.setattr(decoder, "compose_decoder_layer", no_composition)
+    monkeypatch.setattr(fused, "decoder_layers", spy)
+    monkeypatch.setattr(decoder, "compose_decoder_layers", no_composition)
     hidden, residual = step.inputs()
     k_cache, v_cache = step.caches()
-    out = x86_ops.decoder_layer(layer, hidden, residual, step.cos_sin, step.meta(), k_cache, v_cache)
+    out = x86_ops.decoder_layers([layer], hidden, residual, step.cos_sin, step.meta(), [k_cache], [v_cache])
     assert len(answers) == 1 and answers[0] is not None
     assert out[0] is answers[0][0] and out[1] is answers[0][1]
     monkeypatch.undo()
@@ -455,24 +462,24 @@ def test_ops_decoder_layer_uses_the_fused_answer(x86_ops: Any, monkeypatch: pyte
     fused._enabled.cache_clear()
     off_k, off_v = step.caches()
     hidden, residual = step.inputs()
-    off = x86_ops.decoder_layer(layer, hidden, residual, step.cos_sin, step.meta(), off_k, off_v)
+    off = x86_ops.decoder_layers([layer], hidden, residual, step.cos_sin, step.meta(), [off_k], [off_v])
     _assert_same((out, k_cache, v_cache), (off, off_k, off_v), rtol=1e-5, atol=1e-5)
 
 
-def test_ops_decoder_layer_composes_a_mixed_step(x86_ops: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ops_decoder_layers_composes_a_mixed_step(x86_ops: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     layer = _layer("w8a8")
     step = _step(2, True, seed=16, prefills=2)
     answers = []
-    real = fused.decoder_layer
+    real = fused.decoder_layers
 
     def spy(*args: Any) -> Any:
         answers.append(real(*args))
         return answers[-1]
 
-    monkeypatch.setattr(fused, "decoder_layer", spy)
+    monkeypatch.setattr(fused, "decoder_layers", spy)
     hidden, residual = step.inputs()
     k_cache, v_cache = step.caches()
-    out = x86_ops.decoder_layer(layer, hidden, residual, step.cos_sin, step.meta(), k_cache, v_cache)
+    out = x86_ops.decoder_layers([layer], hidden, residual, step.cos_sin, step.meta(), [k_cache], [v_cache])
     assert answers == [None]
     _assert_same((out, k_cache, v_cache), _run_composed(x86_ops, layer, step), rtol=1e-5, atol=1e-5)
 
@@ -489,3 +496,98 @@ def test_cached_kernel_inputs_follow_a_replaced_weight(x86_ops: Any) -> None:
     copy = replace(layer, down=other.down)
     assert copy.backend_cache == {}
     _assert_same(_run_fused(copy, step), _run_composed(x86_ops, copy, step), 1e-5, 1e-5)
+
+
+
+# ------------------------------------------------------------ runs of layers
+
+
+def _run_caches(step: Step, n: int) -> tuple[list[Any], list[Any]]:
+    """``n`` layers' caches: the step's start contents, then random ones."""
+    rng = np.random.default_rng(n)
+    ks, vs = [_t(step.k_start.copy())], [_t(step.v_start.copy())]
+    for _ in range(1, n):
+        ks.append(_t(rng.normal(0, 1, step.k_start.shape).astype(np.float32)))
+        vs.append(_t(rng.normal(0, 1, step.v_start.shape).astype(np.float32)))
+    return ks, vs
+
+
+def _copies(caches: list[Any]) -> list[Any]:
+    return [c.clone() for c in caches]
+
+
+@pytest.mark.parametrize("batch,with_residual", [(1, False), (5, True), (WINT8_PACKED_MAX_ROWS + 2, True)])
+def test_a_run_of_layers_matches_the_composition_layer_by_layer(
+    x86_ops: Any, ref_ops: Any, batch: int, with_residual: bool
+) -> None:
+    """Three layers with different methods, each with its own cache: the one
+    op equals the x86 ops and the reference chained layer by layer."""
+    layers = [_layer("wint8"), _layer("wint4", -1), _layer("w8a8")]
+    step = _step(batch, with_residual, seed=60 + batch)
+    ks, vs = _run_caches(step, 3)
+    starts = [c.numpy() for c in ks]
+    runs = {}
+    for name, run in [("fused", lambda k, v: fused.decoder_layers(layers, *step.inputs(), step.cos_sin, step.meta(),
+                                                                  k, v)),
+                      ("x86", lambda k, v: compose_decoder_layers(x86_ops, layers, *step.inputs(), step.cos_sin,
+                                                                  step.meta(), k, v)),
+                      ("ref", lambda k, v: compose_decoder_layers(ref_ops, layers, *step.inputs(), step.cos_sin,
+                                                                  step.meta(), k, v))]:
+        k, v = _copies(ks), _copies(vs)
+        out = run(k, v)
+        assert out is not None, name
+        runs[name] = (out, k, v)
+    (out, k, v), (want, wk, wv) = runs["fused"], runs["x86"]
+    for i in range(3):
+        _assert_same((out, k[i], v[i]), (want, wk[i], wv[i]), rtol=1e-5, atol=1e-5)
+        assert not np.array_equal(k[i].numpy(), starts[i])  # every layer stored into its own cache
+    (want, wk, wv) = runs["ref"]
+    for i in range(3):
+        _assert_same((out, k[i], v[i]), (want, wk[i], wv[i]), **_reference_tol("w8a8"))
+
+
+def test_a_run_declines_when_one_layer_cannot_be_fused() -> None:
+    step = _step(3, True, seed=61)
+    plain = replace(_layer("wint4"), down=_layer(None).down)
+    for layers in ([_layer("wint8"), plain], [_layer("wint8"), _layer("wint4", 128, heads=8, kv_heads=2)]):
+        ks, vs = _run_caches(step, 2)
+        starts = [c.numpy() for c in ks + vs]
+        hidden, residual = step.inputs()
+        assert fused.decoder_layers(layers, hidden, residual, step.cos_sin, step.meta(), ks, vs) is None
+        for c, start in zip(ks + vs, starts):
+            np.testing.assert_array_equal(c.numpy(), start)  # nothing was stored
+
+
+def test_a_run_checks_every_layer_before_storing_anything() -> None:
+    """A bad second layer fails the call before the first layer writes its cache."""
+    bad = replace(_layer("w8a8"), post_norm=_t(np.ones(HIDDEN - 16, np.float32)))
+    step = _step(2, True, seed=62)
+    ks, vs = _run_caches(step, 2)
+    starts = [c.numpy() for c in ks + vs]
+    hidden, residual = step.inputs()
+    with pytest.raises(Exception, match="layer 1: the norm weights must have D"):
+        fused.decoder_layers([_layer("wint8"), bad], hidden, residual, step.cos_sin, step.meta(), ks, vs)
+    for c, start in zip(ks + vs, starts):
+        np.testing.assert_array_equal(c.numpy(), start)
+
+
+def test_cached_run_inputs_follow_a_replaced_layer_or_cache(x86_ops: Any) -> None:
+    """The run's op inputs are cached on its first layer, keyed on every
+    layer and cache: a new layer object or another cache is not answered
+    from the stale entry."""
+    first, second, other = _layer("wint8"), _layer("wint4"), _layer("w8a8")
+    step = _step(2, True, seed=63)
+
+    def check(layers: list[DecoderLayerWeights], ks: list[Any], vs: list[Any]) -> None:
+        want_k, want_v = _copies(ks), _copies(vs)
+        got = fused.decoder_layers(layers, *step.inputs(), step.cos_sin, step.meta(), ks, vs)
+        want = compose_decoder_layers(x86_ops, layers, *step.inputs(), step.cos_sin, step.meta(), want_k, want_v)
+        assert got is not None
+        for i in range(len(layers)):
+            _assert_same((got, ks[i], vs[i]), (want, want_k[i], want_v[i]), 1e-5, 1e-5)
+
+    ks, vs = _run_caches(step, 2)
+    check([first, second], ks, vs)
+    check([first, other], ks, vs)
+    swapped_k, swapped_v = [ks[1], ks[0]], [vs[1], vs[0]]
+    check([first, other], swapped_k, swapped_v)

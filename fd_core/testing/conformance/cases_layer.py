@@ -1,13 +1,15 @@
-"""The optional fused ``decoder_layer`` against the reference's unfused layer.
+"""The optional fused ``decoder_layers`` against the reference's unfused layers.
 
-One dense decoder layer (norm, QKV, rotary + cache store, paged attention,
-O, norm, gated MLP) on a decode-only step and on a mixed one, in the first
-layer's form (no residual yet) and a later layer's, with unquantized weights
-and every quantization method the backend lists. The backend runs
-``Ops.decoder_layer`` (its fused kernel where it answers, else its unfused
+A run of dense decoder layers (each: norm, QKV, rotary + cache store, paged
+attention, O, norm, gated MLP; one layer, and two with their own weights and
+caches) on a decode-only step and on a mixed one, starting in the first
+layer's form (no residual yet) and a later layer's, with unquantized
+weights and every quantization method the backend lists. The backend runs
+``Ops.decoder_layers`` (its fused kernel where it answers, else its unfused
 hooks); the reference chains its own kernels
-(``fd_core.ops.decoder.compose_decoder_layer``). The layer reads the cache
-it has just written, so a wrong store shows in the outputs.
+(``fd_core.ops.decoder.compose_decoder_layers``). Each layer reads the cache
+it has just written, so a wrong store, or a layer given another's cache,
+shows in the outputs.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 import pytest
 
 from fd_core.ops.attention import AttentionMetadata
-from fd_core.ops.decoder import DecoderLayerWeights, compose_decoder_layer
+from fd_core.ops.decoder import DecoderLayerWeights, compose_decoder_layers
 from fd_core.ops.rope import rope_cos_sin
 from fd_core.testing.conformance import STATE_KEY
 from fd_core.testing.conformance.cases_attention import Step, _block_tables, _context
@@ -40,7 +42,7 @@ W8A8_TOLERANCE = Tolerance(rtol=5e-2, atol=5e-2)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "method" in metafunc.fixturenames and metafunc.function.__name__ == "test_decoder_layer":
+    if "method" in metafunc.fixturenames and metafunc.function.__name__ == "test_decoder_layers":
         state = metafunc.config.stash[STATE_KEY]
         methods = state.backend.capabilities().quantization_methods if state.backend else ()
         metafunc.parametrize("method", ["none", *methods])
@@ -79,46 +81,54 @@ def _run(fd: Harness, on_reference: bool, step: Step, method: str, data: dict[st
     with where:
         meta = AttentionMetadata.build(step.query_lens, step.seq_lens, tables, step.block_size,
                                        len(step.decode_lens))
-    k_cache, v_cache = call("allocate_kv_cache", num_blocks=num_blocks, block_size=step.block_size,
-                            num_kv_heads=step.kv_heads, head_dim=step.head_dim, dtype="float32", location="device")
-    if len(data["ctx_slots"]):
-        call("write_kv_cache", k=put(data["ctx_k"]), v=put(data["ctx_v"]), k_cache=k_cache, v_cache=v_cache,
-             slot_mapping=put(data["ctx_slots"]))
-    layer = _layer(fd, on_reference, step, method, data["weights"])
-    args = {"hidden": put(data["hidden"]), "residual": put(data["residual"]) if with_residual else None,
-            "cos_sin": put(data["cos_sin"]), "metadata": meta, "k_cache": k_cache, "v_cache": v_cache}
+    layers, k_caches, v_caches = [], [], []
+    for weights, ctx_k, ctx_v in zip(data["weights"], data["ctx_k"], data["ctx_v"]):
+        k_cache, v_cache = call("allocate_kv_cache", num_blocks=num_blocks, block_size=step.block_size,
+                                num_kv_heads=step.kv_heads, head_dim=step.head_dim, dtype="float32",
+                                location="device")
+        if len(data["ctx_slots"]):
+            call("write_kv_cache", k=put(ctx_k), v=put(ctx_v), k_cache=k_cache, v_cache=v_cache,
+                 slot_mapping=put(data["ctx_slots"]))
+        layers.append(_layer(fd, on_reference, step, method, weights))
+        k_caches.append(k_cache)
+        v_caches.append(v_cache)
+    args = {"layers": layers, "hidden": put(data["hidden"]),
+            "residual": put(data["residual"]) if with_residual else None, "cos_sin": put(data["cos_sin"]),
+            "metadata": meta, "k_caches": k_caches, "v_caches": v_caches}
     if on_reference:
         with fd.on_host():
-            return compose_decoder_layer(fd.reference.ops, layer, **args)
-    return fd.call_fused("decoder_layer", layer=layer, **args)  # type: ignore[no-any-return]
+            return compose_decoder_layers(fd.reference.ops, **args)
+    return fd.call_fused("decoder_layers", **args)  # type: ignore[no-any-return]
 
 
+@pytest.mark.parametrize("num_layers", [1, 2], ids=["1-layer", "2-layers"])
 @pytest.mark.parametrize("with_residual", [False, True], ids=["first-layer", "residual"])
 @pytest.mark.parametrize("step", LAYER_STEPS, ids=[s.name for s in LAYER_STEPS])
-def test_decoder_layer(conformance: Harness, step: Step, method: str, with_residual: bool) -> None:
+def test_decoder_layers(conformance: Harness, step: Step, method: str, with_residual: bool, num_layers: int) -> None:
     fd = conformance
-    rng = case_rng("decoder-layer", step.name, method, with_residual)
+    rng = case_rng("decoder-layers", step.name, method, with_residual, num_layers)
     num_blocks, tables = _block_tables(step, rng)
     ctx_slots = _context(step, tables, rng)
     tokens = sum(step.query_lens)
     with fd.on_host():
         cos_sin = rope_cos_sin(step.head_dim, max(step.seq_lens) + 8, 10000.0).numpy()
+    ctx_shape = (len(ctx_slots), step.kv_heads, step.head_dim)
     data = {
-        "weights": _weights(rng, step),
+        "weights": [_weights(rng, step) for _ in range(num_layers)],
         "hidden": fd.rounded(rng.normal(0, 1, (tokens, HIDDEN))),
         "residual": fd.rounded(rng.normal(0, 1, (tokens, HIDDEN))),
         "cos_sin": cos_sin,
         "ctx_slots": ctx_slots,
-        "ctx_k": fd.rounded(rng.normal(0, 1, (len(ctx_slots), step.kv_heads, step.head_dim))),
-        "ctx_v": fd.rounded(rng.normal(0, 1, (len(ctx_slots), step.kv_heads, step.head_dim))),
+        "ctx_k": [fd.rounded(rng.normal(0, 1, ctx_shape)) for _ in range(num_layers)],
+        "ctx_v": [fd.rounded(rng.normal(0, 1, ctx_shape)) for _ in range(num_layers)],
     }
     got = _run(fd, False, step, method, data, tables, num_blocks, with_residual)
     want = _run(fd, True, step, method, data, tables, num_blocks, with_residual)
     tol = fd.tol().looser(W8A8_TOLERANCE if method == "w8a8" else LAYER_TOLERANCE)
     if fd.override is not None:
         tol = fd.override
-    case = (f"{step.name}: {method} D={HIDDEN} I={INTER} H={step.heads} Hkv={step.kv_heads} Dh={step.head_dim} "
-            f"query_lens={step.query_lens} seq_lens={step.seq_lens} residual={with_residual} dtype={fd.dtype}")
-    fd.assert_close("decoder_layer", case + " (hidden)", got[0], want[0], tol)
-    fd.assert_close("decoder_layer", case + " (residual)", got[1], want[1], tol)
-
+    case = (f"{step.name}: {method} layers={num_layers} D={HIDDEN} I={INTER} H={step.heads} Hkv={step.kv_heads} "
+            f"Dh={step.head_dim} query_lens={step.query_lens} seq_lens={step.seq_lens} residual={with_residual} "
+            f"dtype={fd.dtype}")
+    fd.assert_close("decoder_layers", case + " (hidden)", got[0], want[0], tol)
+    fd.assert_close("decoder_layers", case + " (residual)", got[1], want[1], tol)

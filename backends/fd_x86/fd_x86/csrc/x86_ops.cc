@@ -12,6 +12,7 @@
 // CPU and contiguous (the Python side makes it so). Indices are checked here
 // before a kernel runs, so a bad slot / position / block id is an error, not a
 // stray write. Compiled for baseline x86-64; the kernels need AVX2 + FMA.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -460,166 +461,209 @@ PD_BUILD_OP(fd_x86_qkv_rope_cache)
     .SetInferShapeFn(PD_INFER_SHAPE(QkvShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(F32x3));
 
-// ------------------------------------------------------------ decoder layer
+// ----------------------------------------------------------- decoder layers
 //
-//   fd_x86_decoder_layer(hidden, residual, input_norm, post_norm, cos_sin, positions, slots,
-//                        k_cache, v_cache, block_tables, seq_lens, weights[8]) -> hidden, residual
+//   fd_x86_decoder_layers(hidden, residual, cos_sin, positions, slots, block_tables, seq_lens,
+//                         norms[2L], k_caches[L], v_caches[L], weights[8L]) -> hidden, residual
 //
-// One pre-norm decoder layer of a decode step (one token per request, T
-// requests), in one call: RMSNorm (with the residual add unless
-// has_residual is false: then residual = hidden), the packed QKV projection,
-// rotary + KV-cache store, paged decode attention, the O projection, the
-// second RMSNorm with its residual add, the packed up_gate projection,
-// SiLU-and-mul and the packed down projection. weights = (packed, scales)
-// of qkv, o, up_gate, down as fd_x86.linear packs them; methods, out_features
-// and group_sizes give each one's kernel (0 wint8, 1 wint4, 2 w8a8), output
-// width and wint4 group. The same kernels as the separate ops, so the same
-// results; what it saves is ~8 op calls per layer.
+// A run of L consecutive pre-norm decoder layers of a decode step (one token
+// per request, T requests), in one call. Each layer: RMSNorm (with the
+// residual add; in the first layer, when has_residual is false, residual =
+// hidden), the packed QKV projection, rotary + KV-cache store, paged decode
+// attention, the O projection, the second RMSNorm with its residual add, the
+// packed up_gate projection, SiLU-and-mul and the packed down projection.
+// norms = (input, post) per layer; weights = (packed, scales) of qkv, o,
+// up_gate, down per layer as fd_x86.linear packs them; methods,
+// out_features and group_sizes (4 per layer) give each one's kernel
+// (packed_linear.h), output width and wint4 group. The layers share eps,
+// heads, rotary layout and scale. The same kernels as the separate ops, so
+// the same results; what it saves is ~8 op calls per layer and the Python
+// between the layers.
 namespace {
 
-struct Buffer {  // a slice of the layer's scratch
-  float* p = nullptr;
-  float* data() const { return p; }
+// One layer's tensors, checked, and its kernels' arguments.
+struct LayerPlan {
+  const float* input_norm = nullptr;
+  const float* post_norm = nullptr;
+  float* k_cache = nullptr;
+  float* v_cache = nullptr;
+  fdx86::AttentionArgs attn;
+  fdx86::LinearArgs lin[4];
+  int methods[4] = {0, 0, 0, 0};
 };
 
-std::vector<paddle::Tensor> DecoderLayer(
-    const paddle::Tensor& hidden, const paddle::Tensor& residual, const paddle::Tensor& input_norm,
-    const paddle::Tensor& post_norm, const paddle::Tensor& cos_sin, const paddle::Tensor& positions,
-    const paddle::Tensor& slots, const paddle::Tensor& k_cache, const paddle::Tensor& v_cache,
-    const paddle::Tensor& block_tables, const paddle::Tensor& seq_lens, const std::vector<paddle::Tensor>& weights,
-    bool has_residual, const std::vector<int>& methods, const std::vector<int64_t>& out_features,
-    const std::vector<int>& group_sizes, float eps, int64_t num_heads, int64_t num_kv_heads, bool interleaved,
-    int64_t block_size, float scale, int threads) {
-  const char* op = "fd_x86_decoder_layer";
+std::vector<paddle::Tensor> DecoderLayers(
+    const paddle::Tensor& hidden, const paddle::Tensor& residual, const paddle::Tensor& cos_sin,
+    const paddle::Tensor& positions, const paddle::Tensor& slots, const paddle::Tensor& block_tables,
+    const paddle::Tensor& seq_lens, const std::vector<paddle::Tensor>& norms,
+    const std::vector<paddle::Tensor>& k_caches, const std::vector<paddle::Tensor>& v_caches,
+    const std::vector<paddle::Tensor>& weights, bool has_residual, const std::vector<int>& methods,
+    const std::vector<int64_t>& out_features, const std::vector<int>& group_sizes, float eps, int64_t num_heads,
+    int64_t num_kv_heads, bool interleaved, int64_t block_size, float scale, int threads) {
+  const char* op = "fd_x86_decoder_layers";
   check_isa(op);
   check_f32(op, "hidden", hidden);
   check_f32(op, "residual", residual);
-  check_f32(op, "input_norm", input_norm);
-  check_f32(op, "post_norm", post_norm);
   check_f32(op, "cos_sin", cos_sin);
   check_i64(op, "positions", positions);
   check_i64(op, "slot_mapping", slots);
   PD_CHECK(hidden.shape().size() == 2, op, ": hidden must be [T, D]");
   PD_CHECK(!has_residual || residual.shape() == hidden.shape(), op, ": residual must have hidden's shape");
-  PD_CHECK(weights.size() == 8 && methods.size() == 4 && out_features.size() == 4 && group_sizes.size() == 4, op,
-           ": needs (packed, scales) x 4 weights and 4 methods / out_features / group_sizes");
+  const size_t L = k_caches.size();
+  PD_CHECK(L >= 1 && v_caches.size() == L && norms.size() == 2 * L && weights.size() == 8 * L &&
+               methods.size() == 4 * L && out_features.size() == 4 * L && group_sizes.size() == 4 * L,
+           op, ": for ", L, " layers needs 2 norms, a k and a v cache, (packed, scales) x 4 weights and 4 methods / "
+           "out_features / group_sizes per layer");
   PD_CHECK(cos_sin.shape().size() == 2, op, ": cos_sin must be [max_pos, Dh]");
   const int64_t T = hidden.shape()[0], D = hidden.shape()[1], dh = cos_sin.shape()[1];
   const int64_t H = num_heads, Hkv = num_kv_heads, q_size = H * dh, qkv_size = (H + 2 * Hkv) * dh;
-  PD_CHECK(input_norm.numel() == D && post_norm.numel() == D, op, ": the norm weights must have D = ", D, " values");
   PD_CHECK(H > 0 && Hkv > 0 && dh % 2 == 0, op, ": bad heads ", H, "/", Hkv, " or odd Dh ", dh);
-  PD_CHECK(out_features[0] == qkv_size, op, ": qkv has ", out_features[0], " outputs, expected (", H, " + 2 * ", Hkv,
-           ") * ", dh);
-  PD_CHECK(out_features[1] == D && out_features[3] == D, op, ": o and down must output D = ", D);
-  PD_CHECK(out_features[2] % 2 == 0, op, ": up_gate must have an even output width");
   PD_CHECK(positions.numel() == T && slots.numel() == T, op, ": hidden has ", T, " tokens, positions ",
            positions.numel(), ", slot_mapping ", slots.numel());
-  const int64_t inter = out_features[2] / 2;
   const int nthreads = threads < 1 ? 1 : threads;
 
-  // attention's checks first (before anything is written to the caches)
+  // every layer's checks first (before anything is written to a cache)
   paddle::Tensor q = paddle::empty({T, H, dh}, paddle::DataType::FLOAT32, paddle::CPUPlace());
-  fdx86::AttentionArgs attn;
-  prepare_attention(op, q, k_cache, v_cache, block_tables, seq_lens, T, block_size, scale, nthreads, &attn);
-  PD_CHECK(attn.Hkv == Hkv, op, ": the caches hold ", attn.Hkv, " kv heads, expected ", Hkv);
-  check_positions_and_slots(op, positions.data<int64_t>(), slots.data<int64_t>(), T, cos_sin.shape()[0],
-                            k_cache.shape()[0]);
+  std::vector<LayerPlan> plans(L);
+  int64_t inter_max = 0;
+  for (size_t l = 0; l < L; ++l) {
+    LayerPlan& p = plans[l];
+    const paddle::Tensor &in_norm = norms[2 * l], &post_norm = norms[2 * l + 1];
+    check_f32(op, "input_norm", in_norm);
+    check_f32(op, "post_norm", post_norm);
+    PD_CHECK(in_norm.numel() == D && post_norm.numel() == D, op, ": layer ", l,
+             ": the norm weights must have D = ", D, " values");
+    const int64_t* outs = out_features.data() + 4 * l;
+    PD_CHECK(outs[0] == qkv_size, op, ": layer ", l, ": qkv has ", outs[0], " outputs, expected (", H, " + 2 * ",
+             Hkv, ") * ", dh);
+    PD_CHECK(outs[1] == D && outs[3] == D, op, ": layer ", l, ": o and down must output D = ", D);
+    PD_CHECK(outs[2] % 2 == 0, op, ": layer ", l, ": up_gate must have an even output width");
+    const int64_t inter = outs[2] / 2;
+    inter_max = std::max(inter_max, inter);
+    prepare_attention(op, q, k_caches[l], v_caches[l], block_tables, seq_lens, T, block_size, scale, nthreads,
+                      &p.attn);
+    PD_CHECK(p.attn.Hkv == Hkv, op, ": layer ", l, ": the caches hold ", p.attn.Hkv, " kv heads, expected ", Hkv);
+    if (l == 0)
+      check_positions_and_slots(op, positions.data<int64_t>(), slots.data<int64_t>(), T, cos_sin.shape()[0],
+                                k_caches[0].shape()[0]);
+    else
+      PD_CHECK(k_caches[l].shape()[0] == k_caches[0].shape()[0], op, ": layer ", l,
+               "'s caches have a different number of rows than layer 0's");
+    const int64_t in_features[4] = {D, q_size, D, inter};
+    for (int i = 0; i < 4; ++i) {
+      p.methods[i] = methods[4 * l + i];
+      p.lin[i] = fdx86::packed_linear_args(op, nullptr, T, in_features[i], weights[8 * l + 2 * i],
+                                           weights[8 * l + 2 * i + 1], p.methods[i], outs[i],
+                                           group_sizes[4 * l + i], nthreads);
+    }
+    p.input_norm = in_norm.data<float>();
+    p.post_norm = post_norm.data<float>();
+    p.k_cache = const_cast<float*>(k_caches[l].data<float>());
+    p.v_cache = const_cast<float*>(v_caches[l].data<float>());
+  }
   for (int64_t b = 0; b < T; ++b)
-    PD_CHECK(attn.seq_lens[b] >= 1, op, ": request ", b, " has no cached tokens");
-  fdx86::LinearArgs lin[4];
-  const int64_t in_features[4] = {D, q_size, D, inter};
-  for (int i = 0; i < 4; ++i)
-    lin[i] = fdx86::packed_linear_args(op, nullptr, T, in_features[i], weights[2 * i], weights[2 * i + 1], methods[i],
-                                       out_features[i], group_sizes[i], nthreads);
+    PD_CHECK(plans[0].attn.seq_lens[b] >= 1, op, ": request ", b, " has no cached tokens");
 
   paddle::Tensor h_out = paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   paddle::Tensor res_out = paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   if (T == 0) return {h_out, res_out};
   // scratch, uninitialized (every element is written before it is read): one
-  // allocation carved into the steps' buffers
-  const int64_t sizes[9] = {T * D, has_residual ? T * D : 0, T * qkv_size, T * Hkv * dh, T * Hkv * dh,
-                            T * q_size, T * D, T * 2 * inter, T * inter};
+  // allocation carved into the steps' buffers; hidden and residual pass from
+  // layer to layer through two pairs of buffers
+  const int64_t sizes[11] = {T * D, T * qkv_size,      T * Hkv * dh,  T * Hkv * dh, T * q_size, T * D,
+                             T * D, T * 2 * inter_max, T * inter_max, 2 * T * D,    2 * T * D};
   int64_t total = 0;
   for (int64_t n : sizes) total += n;
   std::unique_ptr<float[]> scratch(new float[total]);
-  Buffer bufs[9];
+  float* bufs[11];
   int64_t off = 0;
-  for (int i = 0; i < 9; off += sizes[i], ++i) bufs[i] = Buffer{scratch.get() + off};
-  Buffer &x = bufs[0], &res = bufs[1], &qkv = bufs[2], &k = bufs[3], &v = bufs[4], &ctx = bufs[5], &o = bufs[6],
-         &up_gate = bufs[7], &act = bufs[8];
-  // input norm: res = hidden + residual (or hidden itself)
-  const float* res_in = hidden.data<float>();
-  if (has_residual) {
-    fdx86::rms_norm_avx2(hidden.data<float>(), residual.data<float>(), input_norm.data<float>(), x.data(), res.data(),
-                         T, D, eps, nthreads);
-    res_in = res.data();
-  } else {
-    fdx86::rms_norm_avx2(hidden.data<float>(), nullptr, input_norm.data<float>(), x.data(), nullptr, T, D, eps,
-                         nthreads);
-  }
-  lin[0].x = x.data();
-  lin[0].out = qkv.data();
-  fdx86::run_packed_linear(lin[0], methods[0]);
-  fdx86::QkvArgs rope;
-  rope.qkv = qkv.data();
-  rope.positions = positions.data<int64_t>();
-  rope.cos_sin = cos_sin.data<float>();
-  rope.slots = slots.data<int64_t>();
-  rope.k_cache = const_cast<float*>(k_cache.data<float>());
-  rope.v_cache = const_cast<float*>(v_cache.data<float>());
-  rope.q_out = q.data<float>();
-  rope.k_out = k.data();
-  rope.v_out = v.data();
-  rope.T = T;
-  rope.H = H;
-  rope.Hkv = Hkv;
-  rope.Dh = dh;
-  rope.interleaved = interleaved ? 1 : 0;
-  rope.threads = nthreads;
-  fdx86::qkv_rope_cache_avx2(rope);
+  for (int i = 0; i < 11; off += sizes[i], ++i) bufs[i] = scratch.get() + off;
+  float *x = bufs[0], *qkv = bufs[1], *k = bufs[2], *v = bufs[3], *ctx = bufs[4], *o = bufs[5], *r_mid = bufs[6],
+        *up_gate = bufs[7], *act = bufs[8];
+  float* h_bufs[2] = {bufs[9], bufs[9] + T * D};  // layer l writes [l % 2], reads [(l - 1) % 2]
+  float* r_bufs[2] = {bufs[10], bufs[10] + T * D};
   std::vector<int64_t> items(2 * T);
   for (int64_t b = 0; b < T; ++b) items[2 * b] = b, items[2 * b + 1] = 0;
-  run_attention(op, &attn, items, ctx.data());
-  lin[1].x = ctx.data();
-  lin[1].out = o.data();
-  fdx86::run_packed_linear(lin[1], methods[1]);
-  // post-attention norm: res_out = o + res
-  fdx86::rms_norm_avx2(o.data(), res_in, post_norm.data<float>(), x.data(), res_out.data<float>(), T, D, eps,
-                       nthreads);
-  lin[2].x = x.data();
-  lin[2].out = up_gate.data();
-  fdx86::run_packed_linear(lin[2], methods[2]);
-  fdx86::silu_and_mul_avx2(up_gate.data(), act.data(), T, inter, nthreads);
-  lin[3].x = act.data();
-  lin[3].out = h_out.data<float>();
-  fdx86::run_packed_linear(lin[3], methods[3]);
+
+  const float* h_in = hidden.data<float>();
+  const float* r_in = has_residual ? residual.data<float>() : nullptr;
+  for (size_t l = 0; l < L; ++l) {
+    LayerPlan& p = plans[l];
+    const bool last = l + 1 == L;
+    float* h_next = last ? h_out.data<float>() : h_bufs[l % 2];
+    float* r_next = last ? res_out.data<float>() : r_bufs[l % 2];
+    // input norm: r_mid = h_in + r_in (or h_in itself in the first layer)
+    const float* res = h_in;
+    if (r_in != nullptr) {
+      fdx86::rms_norm_avx2(h_in, r_in, p.input_norm, x, r_mid, T, D, eps, nthreads);
+      res = r_mid;
+    } else {
+      fdx86::rms_norm_avx2(h_in, nullptr, p.input_norm, x, nullptr, T, D, eps, nthreads);
+    }
+    p.lin[0].x = x;
+    p.lin[0].out = qkv;
+    fdx86::run_packed_linear(p.lin[0], p.methods[0]);
+    fdx86::QkvArgs rope;
+    rope.qkv = qkv;
+    rope.positions = positions.data<int64_t>();
+    rope.cos_sin = cos_sin.data<float>();
+    rope.slots = slots.data<int64_t>();
+    rope.k_cache = p.k_cache;
+    rope.v_cache = p.v_cache;
+    rope.q_out = q.data<float>();
+    rope.k_out = k;
+    rope.v_out = v;
+    rope.T = T;
+    rope.H = H;
+    rope.Hkv = Hkv;
+    rope.Dh = dh;
+    rope.interleaved = interleaved ? 1 : 0;
+    rope.threads = nthreads;
+    fdx86::qkv_rope_cache_avx2(rope);
+    run_attention(op, &p.attn, items, ctx);
+    p.lin[1].x = ctx;
+    p.lin[1].out = o;
+    fdx86::run_packed_linear(p.lin[1], p.methods[1]);
+    // post-attention norm: r_next = o + res
+    fdx86::rms_norm_avx2(o, res, p.post_norm, x, r_next, T, D, eps, nthreads);
+    p.lin[2].x = x;
+    p.lin[2].out = up_gate;
+    fdx86::run_packed_linear(p.lin[2], p.methods[2]);
+    fdx86::silu_and_mul_avx2(up_gate, act, T, p.lin[2].N / 2, nthreads);
+    p.lin[3].x = act;
+    p.lin[3].out = h_next;
+    fdx86::run_packed_linear(p.lin[3], p.methods[3]);
+    h_in = h_next;
+    r_in = r_next;
+  }
   return {h_out, res_out};
 }
 
-std::vector<std::vector<int64_t>> DecoderLayerShape(
+std::vector<std::vector<int64_t>> DecoderLayersShape(
     const std::vector<int64_t>& hidden, const std::vector<int64_t>&, const std::vector<int64_t>&,
     const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&,
-    const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&,
-    const std::vector<std::vector<int64_t>>&) {
+    const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&,
+    const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&) {
   return {hidden, hidden};
 }
 
-std::vector<paddle::DataType> DecoderLayerDtype(
+std::vector<paddle::DataType> DecoderLayersDtype(
     const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&,
-    const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&,
-    const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const std::vector<paddle::DataType>&) {
+    const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const std::vector<paddle::DataType>&,
+    const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&,
+    const std::vector<paddle::DataType>&) {
   return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
 }
 
 }  // namespace
 
-PD_BUILD_OP(fd_x86_decoder_layer)
-    .Inputs({"Hidden", "Residual", "InputNorm", "PostNorm", "CosSin", "Positions", "Slots", "KCache", "VCache",
-             "BlockTables", "SeqLens", paddle::Vec("Weights")})
+PD_BUILD_OP(fd_x86_decoder_layers)
+    .Inputs({"Hidden", "Residual", "CosSin", "Positions", "Slots", "BlockTables", "SeqLens", paddle::Vec("Norms"),
+             paddle::Vec("KCaches"), paddle::Vec("VCaches"), paddle::Vec("Weights")})
     .Outputs({"HiddenOut", "ResidualOut"})
     .Attrs({"has_residual: bool", "methods: std::vector<int>", "out_features: std::vector<int64_t>",
             "group_sizes: std::vector<int>", "eps: float", "num_heads: int64_t", "num_kv_heads: int64_t",
             "interleaved: bool", "block_size: int64_t", "scale: float", "threads: int"})
-    .SetKernelFn(PD_KERNEL(DecoderLayer))
-    .SetInferShapeFn(PD_INFER_SHAPE(DecoderLayerShape))
-    .SetInferDtypeFn(PD_INFER_DTYPE(DecoderLayerDtype));
+    .SetKernelFn(PD_KERNEL(DecoderLayers))
+    .SetInferShapeFn(PD_INFER_SHAPE(DecoderLayersShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(DecoderLayersDtype));
