@@ -46,7 +46,8 @@ WINT8_PACKED_MAX_ROWS = 7
 def pack_weight(method: str, qweight: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The contract layout -> the packed kernels' (blocks of 16 output
     channels, padded with zero weights / scales):
-    wint8 int8 ``[N16, K, 16]``; w8a8 uint8 ``[N16, K4, 16, 4]`` holding
+    wint8 int8 ``[N32, K, 32]`` (a kernel work item's two blocks side by
+    side, one stream to read); w8a8 uint8 ``[N16, K4, 16, 4]`` holding
     ``w ^ 0x80`` (K padded to 4); wint4 uint8 ``[N16, K/2, 16]`` (the
     contract's bytes) and scales ``[N16, G, 16]``. Returns (weight, scales)."""
     n = qweight.shape[0]
@@ -61,9 +62,10 @@ def pack_weight(method: str, qweight: np.ndarray, scales: np.ndarray) -> tuple[n
                 np.ascontiguousarray(s.reshape(nb, 16, groups).transpose(0, 2, 1)))
     k = qweight.shape[1]
     if method == "wint8":
-        w = np.zeros((nb * 16, k), np.int8)
+        pairs = -(-n // 32)
+        w = np.zeros((pairs * 32, k), np.int8)
         w[:n] = qweight.view(np.int8)
-        return np.ascontiguousarray(w.reshape(nb, 16, k).transpose(0, 2, 1)), scales
+        return np.ascontiguousarray(w.reshape(pairs, 32, k).transpose(0, 2, 1)), scales
     k4 = -(-k // 4)
     w = np.zeros((nb * 16, k4 * 4), np.int8)
     w[:n, :k] = qweight.view(np.int8)

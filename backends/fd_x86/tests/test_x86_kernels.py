@@ -165,8 +165,11 @@ def test_pack_weight_layouts() -> None:
     rng = np.random.default_rng(2)
     q8 = rng.integers(-127, 128, (20, 6), dtype=np.int8)
     s8 = rng.random(20, dtype=np.float32)
-    w, s = pack_weight("wint8", q8, s8)
-    assert w.shape == (2, 6, 16) and w[1, 3, 2] == q8[18, 3] and w[1, 3, 5] == 0 and s is s8
+    w, s = pack_weight("wint8", q8, s8)  # two 16-channel blocks side by side per k
+    assert w.shape == (1, 6, 32) and w[0, 3, 18] == q8[18, 3] and w[0, 3, 7] == q8[7, 3] and w[0, 3, 21] == 0
+    assert s is s8
+    w, _ = pack_weight("wint8", np.ones((40, 6), np.int8), s8)
+    assert w.shape == (2, 6, 32) and w[1, 0, 7] == 1 and w[1, 0, 8] == 0
     w, _ = pack_weight("w8a8", q8, s8)  # K padded to 8, w ^ 0x80 (0 -> 128)
     assert w.shape == (2, 2, 16, 4) and w.dtype == np.uint8
     assert w[1, 1, 2, 1] == (int(q8[18, 5]) + 128) and w[1, 1, 2, 2] == 128 and w[1, 0, 9, 0] == 128

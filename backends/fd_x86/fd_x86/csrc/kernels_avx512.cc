@@ -200,7 +200,8 @@ struct W8A8 {
 // QuantizedWeight) into blocks of 16 output channels, so a zmm holds one
 // value per channel and the inner loop is broadcast(x) x packed weights:
 // no horizontal sums, W read as NB sequential streams.
-//   wint8: int8  [N16][K][16]                  (channels past N are 0)
+//   wint8: int8  [N32][K][32]: two 16-channel blocks side by side per k, so a
+//          work item reads one stream (channels past N are 0)
 //   wint4: uint8 [N16][K/2][16] (the contract's bytes), scales [N16][G][16]
 //   w8a8:  uint8 [N16][K4][16][4] = w ^ 0x80  (K padded to 4 with w = 0)
 // Work items: kBlocks blocks (32 channels); register tiles MB rows x NB blocks.
@@ -268,13 +269,14 @@ inline void store16(const LinearArgs& a, int64_t row, int64_t block, __m512 v) {
 struct Wint8Packed {
   static constexpr int kMaxRows = 8;
   static constexpr int kBlocks = 2;
+  static constexpr int64_t kRow = kBlocks * 16;  // bytes per k of a work item's [K][32] stream
 
   template <int MB, int NB>
   static inline void tile(const LinearArgs& a, int64_t m, int64_t nb0) {
     // few rows: U independent accumulator sets along k hide the FMA latency
     constexpr int U = MB == 1 ? 4 : (MB == 2 ? 2 : 1);
     const int64_t K = a.K;
-    const int8_t* w = static_cast<const int8_t*>(a.w) + nb0 * K * 16;
+    const int8_t* w = static_cast<const int8_t*>(a.w) + nb0 * K * 16;  // nb0: a multiple of kBlocks
     const float* x = a.x + m * K;
     __m512 acc[U][MB][NB];
 #pragma GCC unroll 4
@@ -285,16 +287,19 @@ struct Wint8Packed {
         for (int j = 0; j < NB; ++j) acc[u][i][j] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + U <= K; k += U) {
-      if ((k & 3) == 0) {  // one prefetch per 64-byte line of each stream
+      // one prefetch per 64-byte line of the stream
+      if constexpr (U >= 2) {
 #pragma GCC unroll 4
-        for (int j = 0; j < NB; ++j) prefetch_ahead(w + (j * K + k) * 16);
+        for (int p = 0; p < U / 2; ++p) prefetch_ahead(w + k * kRow + p * 64);
+      } else if ((k & 1) == 0) {
+        prefetch_ahead(w + k * kRow);
       }
 #pragma GCC unroll 4
       for (int u = 0; u < U; ++u) {
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j) {
           const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (j * K + k + u) * 16))));
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (k + u) * kRow + j * 16))));
 #pragma GCC unroll 8
           for (int i = 0; i < MB; ++i)
             acc[u][i][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * K + k + u]), wv, acc[u][i][j]);
@@ -305,7 +310,7 @@ struct Wint8Packed {
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) {
         const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (j * K + k) * 16))));
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k * kRow + j * 16))));
 #pragma GCC unroll 8
         for (int i = 0; i < MB; ++i) acc[0][i][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * K + k]), wv, acc[0][i][j]);
       }

@@ -118,7 +118,7 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
   a.scales = scales.data<float>();
   a.threads = threads < 1 ? 1 : threads;
   const int64_t n16 = round_up(a.N, 16);
-  int64_t want = n16 * a.K;
+  int64_t want = round_up(a.N, 32) * a.K;  // wint8: [N32][K][32]
   if (method == 1) {
     PD_CHECK(a.K % 2 == 0, op, ": wint4 needs an even K");
     a.group_size = group_size <= 0 ? a.K : group_size;
