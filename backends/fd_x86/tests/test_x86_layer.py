@@ -591,3 +591,51 @@ def test_cached_run_inputs_follow_a_replaced_layer_or_cache(x86_ops: Any) -> Non
     check([first, other], ks, vs)
     swapped_k, swapped_v = [ks[1], ks[0]], [vs[1], vs[0]]
     check([first, other], swapped_k, swapped_v)
+
+
+# ------------------------------------------------------------- in the model
+
+
+@pytest.mark.parametrize("method", ["wint8", "w8a8"])
+def test_the_model_runs_all_its_layers_in_one_fused_call_per_decode_step(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    """A quantized tiny dense model on x86: every decode-only step hands its
+    whole stack of layers to one fused call, which answers it, and the greedy
+    tokens and logprobs equal those of the layer-by-layer ops
+    (``FD_X86_FUSED_LAYER=0``)."""
+    from fd_core.backends import get_backend
+    from fd_core.engine.model_runner import ModelRunner
+    from fd_core.quantization.config import parse_quantization
+    from fd_core.testing.checkpoints import generate_checkpoint
+    from fd_core.testing.greedy import greedy_generate
+
+    model = generate_checkpoint(tmp_path / "tiny", "tiny-dense", naming="paddle", seed=6, dtype="float32")
+    prompts = [[int(t) for t in np.random.default_rng(8).integers(100, 1000, n)] for n in (3, 11, 25)]
+    answered: list[int] = []
+    real = fused.decoder_layers
+
+    def spy(layers: Any, *args: Any) -> Any:
+        out = real(layers, *args)
+        if out is not None:
+            answered.append(len(layers))
+        return out
+
+    monkeypatch.setattr(fused, "decoder_layers", spy)
+
+    def run() -> tuple[list[list[int]], list[list[float]]]:
+        runner = ModelRunner(model, get_backend("x86"), num_blocks=24, block_size=16,
+                             quantization=parse_quantization(method))
+        return greedy_generate(runner, prompts, 8)
+
+    tokens, logprobs = run()
+    num_layers = 2  # tiny-dense
+    assert answered and set(answered) == {num_layers}
+    assert len(answered) >= 7  # the decode steps after the prompts' prefill
+    monkeypatch.setenv("FD_X86_FUSED_LAYER", "0")
+    fused._enabled.cache_clear()
+    answered.clear()
+    want_tokens, want_logprobs = run()
+    assert not answered
+    assert tokens == want_tokens
+    np.testing.assert_array_equal(np.asarray(logprobs), np.asarray(want_logprobs))  # the same kernels
