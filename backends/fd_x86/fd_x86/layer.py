@@ -122,8 +122,11 @@ def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: 
                 rows: int) -> tuple[list[Any], list[Any], list[Any], list[Any], list[int], list[int], list[int]] | None:
     """The op's per-layer inputs for the run (norms, caches, weights and the
     kernels' codes, widths and groups), or None when a layer does not fit.
-    Cached on the first layer, keyed on every tensor of the run."""
-    key = (cos_sin, *layers, *k_caches, *v_caches)
+    Cached on the first layer, keyed on every tensor of the run (the layers'
+    own, so a weight assigned on a layer in place is not missed)."""
+    key = (cos_sin, *k_caches, *v_caches,
+           *(t for layer in layers
+             for t in (layer.input_norm, layer.post_norm, layer.qkv, layer.o, layer.up_gate, layer.down)))
     contract = rows > WINT8_PACKED_MAX_ROWS
     cache = layers[0].backend_cache.get(RUN_KEY)
     fresh = cache is not None and len(cache[0]) == len(key) and all(a is b for a, b in zip(cache[0], key))

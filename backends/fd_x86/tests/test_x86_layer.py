@@ -591,6 +591,13 @@ def test_cached_run_inputs_follow_a_replaced_layer_or_cache(x86_ops: Any) -> Non
     check([first, other], ks, vs)
     swapped_k, swapped_v = [ks[1], ks[0]], [vs[1], vs[0]]
     check([first, other], swapped_k, swapped_v)
+    # a weight or norm assigned in place on the same layer objects, same caches
+    mine = replace(first)
+    check([mine, other], swapped_k, swapped_v)
+    mine.up_gate = other.up_gate
+    check([mine, other], swapped_k, swapped_v)
+    mine.post_norm = _t(np.full(HIDDEN, 2.0, np.float32))
+    check([mine, other], swapped_k, swapped_v)
 
 
 # ------------------------------------------------------------- in the model
