@@ -47,6 +47,13 @@ class SchedulerConfig:
     # with chunked prefill, no prefill chunk is longer than this (0 = no limit),
     # so one long prompt does not take a whole step from the others
     long_prefill_token_threshold: int = 0
+    # partial prefills: requests whose prefill chunk this step does not reach the end
+    # of their prompt. At most max_num_partial_prefills of them per step, and at most
+    # max_long_partial_prefills of those "long" (more than long_prompt_threshold tokens
+    # left): a long prompt that finds no long slot waits and shorter ones behind it go
+    # first, so short requests are not stuck behind long ones (vLLM / FastDeploy)
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -60,6 +67,14 @@ class SchedulerConfig:
             raise ValueError(
                 f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"
             )
+        for name in ("max_num_partial_prefills", "max_long_partial_prefills"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.max_long_partial_prefills > self.max_num_partial_prefills:
+            raise ValueError(
+                f"--max-long-partial-prefills {self.max_long_partial_prefills} exceeds "
+                f"--max-num-partial-prefills {self.max_num_partial_prefills}; it counts a subset of them"
+            )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"--max-num-batched-tokens {self.max_num_batched_tokens} is smaller than "
@@ -67,3 +82,14 @@ class SchedulerConfig:
                 "up to max_model_len tokens must fit in one step. Raise --max-num-batched-tokens "
                 "to at least max_model_len, or pass --enable-chunked-prefill."
             )
+
+    @property
+    def long_prompt_threshold(self) -> int:
+        """Tokens left to prefill above which a prefill is "long": the explicit
+        threshold, else 4% of max_model_len when partial prefills are limited above 1
+        (vLLM's default), else 0 (no prefill is long)."""
+        if self.long_prefill_token_threshold:
+            return self.long_prefill_token_threshold
+        if self.max_num_partial_prefills > 1:
+            return max(1, int(self.max_model_len * 0.04))
+        return 0

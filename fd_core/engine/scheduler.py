@@ -129,6 +129,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
+        partials = _PartialPrefills(self.config)
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -147,21 +148,30 @@ class Scheduler:
             if req.status != RequestStatus.RUNNING:  # it preempted itself: nothing to take from
                 break
             scheduled.append(self._scheduled(req, num_new))
+            partials.count(req, req.num_computed_tokens, num_new)
             budget -= num_new
             i += 1
 
+        w = 0
         while (
             not preempted
-            and self.waiting
+            and w < len(self.waiting)
             and budget > 0
             and len(self.running) < self.config.max_num_seqs
         ):
-            req = self.waiting[0]
+            req = self.waiting[w]
             hits, num_hit_tokens = kv.get_computed_blocks(req)
             num_new = self._num_new_tokens(req, num_hit_tokens, budget)
-            if num_new == 0 or kv.allocate_slots(req, num_new, hits) is None:
-                break  # FCFS: nobody overtakes the head of the queue
-            self.waiting.popleft()
+            if num_new == 0:
+                break  # FCFS: nobody overtakes the head of the queue...
+            verdict = partials.admit(req, num_hit_tokens, num_new)
+            if verdict == "skip":  # ...except a short prompt behind a long one with no long slot left
+                w += 1
+                continue
+            if verdict == "stop" or kv.allocate_slots(req, num_new, hits) is None:
+                break
+            partials.count(req, num_hit_tokens, num_new)
+            del self.waiting[w]
             if req.status == RequestStatus.WAITING:  # first admission
                 req.num_cached_tokens = num_hit_tokens
             req.status = RequestStatus.RUNNING
@@ -332,3 +342,36 @@ class Scheduler:
         self.kv_cache_manager.free(req)
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)
+
+
+class _PartialPrefills:
+    """One step's count of partial prefills (chunks that stop short of the end of
+    the request's tokens), and of long ones among them."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.max_all = config.max_num_partial_prefills
+        self.max_long = config.max_long_partial_prefills
+        self.long_threshold = config.long_prompt_threshold
+        self.num_all = 0
+        self.num_long = 0
+
+    def _kind(self, req: Request, num_computed: int, num_new: int) -> tuple[bool, bool]:
+        left = req.num_tokens - num_computed
+        return num_new < left, bool(self.long_threshold) and left > self.long_threshold
+
+    def admit(self, req: Request, num_computed: int, num_new: int) -> str:
+        """"ok"; "skip" (a long partial prefill with every long slot taken: the next
+        waiting request may go); "stop" (every partial slot taken)."""
+        partial, long = self._kind(req, num_computed, num_new)
+        if not partial:
+            return "ok"
+        if self.num_all >= self.max_all:
+            return "stop"
+        if long and self.num_long >= self.max_long:
+            return "skip"
+        return "ok"
+
+    def count(self, req: Request, num_computed: int, num_new: int) -> None:
+        partial, long = self._kind(req, num_computed, num_new)
+        self.num_all += partial
+        self.num_long += partial and long

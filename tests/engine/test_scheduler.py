@@ -537,3 +537,52 @@ def test_stats_and_reset_prefix_cache():
     sched.add_request(make_req("c", 9))
     step(sched)
     assert sched.get_request("c").num_cached_tokens == 0
+
+
+def _partial_scheduler(max_partial: int, max_long: int, threshold: int = 10) -> Scheduler:
+    return Scheduler(
+        SchedulerConfig(8, 64, 64, long_prefill_token_threshold=threshold,
+                        max_num_partial_prefills=max_partial, max_long_partial_prefills=max_long),
+        CacheConfig(129, 4),
+    )
+
+
+def test_partial_prefills_are_limited_per_step():
+    sched = _partial_scheduler(max_partial=1, max_long=1)
+    for rid in "abc":
+        sched.add_request(make_req(rid, 25))
+    out, _ = step(sched)
+    # one prompt mid-prefill at a time: b and c wait although the budget has room
+    assert [(s.request_id, s.num_tokens) for s in out.scheduled] == [("a", 10)]
+    sched = _partial_scheduler(max_partial=2, max_long=2)
+    for rid in "abc":
+        sched.add_request(make_req(rid, 25))
+    out, _ = step(sched)
+    assert [(s.request_id, s.num_tokens) for s in out.scheduled] == [("a", 10), ("b", 10)]
+
+
+def test_short_prompt_overtakes_a_long_one_without_a_long_slot():
+    sched = _partial_scheduler(max_partial=3, max_long=1)
+    sched.add_request(make_req("long1", 40))
+    sched.add_request(make_req("long2", 40))
+    sched.add_request(make_req("short", 8))
+    out, _ = step(sched)
+    # long2 finds the only long slot taken; short (one chunk, not partial) goes ahead of it
+    assert [(s.request_id, s.num_tokens) for s in out.scheduled] == [("long1", 10), ("short", 8)]
+    assert [r.request_id for r in sched.waiting] == ["long2"]
+    # every request still finishes
+    for _ in range(40):
+        if not sched.has_unfinished_requests():
+            break
+        step(sched)
+    assert not sched.has_unfinished_requests()
+
+
+def test_partial_prefill_limits_are_checked():
+    with pytest.raises(ValueError, match="max-long-partial-prefills 3 exceeds"):
+        SchedulerConfig(8, 64, 64, max_num_partial_prefills=2, max_long_partial_prefills=3)
+    with pytest.raises(ValueError, match="max-num-partial-prefills must be >= 1, got 0"):
+        SchedulerConfig(8, 64, 64, max_num_partial_prefills=0)
+    # the default long threshold: 4% of max_model_len once several partial prefills are allowed
+    assert SchedulerConfig(8, 64, 2048, max_num_partial_prefills=2).long_prompt_threshold == 81
+    assert SchedulerConfig(8, 64, 2048).long_prompt_threshold == 0
