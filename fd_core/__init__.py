@@ -11,7 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "LLM", "SamplingParams"]
+__all__ = ["__version__", "LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +24,8 @@ def __getattr__(name: str) -> Any:
         from fd_core.sampling.params import SamplingParams
 
         return SamplingParams
+    if name in ("RequestOutput", "CompletionOutput"):
+        from fd_core.engine import outputs
+
+        return getattr(outputs, name)
     raise AttributeError(f"module 'fd_core' has no attribute {name!r}")

@@ -9,14 +9,18 @@ never see the whole argument set.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from fd_core import envs
 
-__all__ = ["EngineArgs", "UnsupportedFeatureError", "kv_cache_blocks"]
+__all__ = ["EngineArgs", "UnsupportedFeatureError", "host_available_bytes", "host_swap_blocks", "kv_cache_blocks"]
 
 GIB = 1 << 30
+SWAP_FRACTION = 0.5  # --swap-space may take at most this share of the host memory available
+
+logger = logging.getLogger(__name__)
 
 
 class UnsupportedFeatureError(ValueError):
@@ -34,7 +38,6 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None  # default: 2048 (chunked) or max_model_len
     block_size: int = 64
     gpu_memory_utilization: float = 0.9
-    kv_cache_ratio: float = 0.75  # accepted for FastDeploy compatibility; see README
     num_gpu_blocks_override: int | None = None
     enable_prefix_caching: bool = True
     swap_space: float = 0.0  # GiB of host memory for evicted prefix-cache blocks
@@ -44,18 +47,58 @@ class EngineArgs:
     use_cudagraph: bool = False
     speculative_config: str | dict[str, Any] | None = None
     chat_template: str | None = None
-    seed: int | None = 0
+    # default seed of requests that give none: request k (in arrival order) samples
+    # with seed (seed, k), so a seeded server answers the same request stream alike;
+    # None = fresh OS entropy per unseeded request
+    seed: int | None = None
     disable_log_stats: bool = False
+    revision: str | None = None  # hub revision (branch, tag or commit) of --model
+    # scheduler: with chunked prefill, a prompt longer than long_prefill_token_threshold
+    # is "long"; at most max_num_partial_prefills prompts are mid-prefill in one step,
+    # at most max_long_partial_prefills of them long (vLLM / FastDeploy meaning)
+    long_prefill_token_threshold: int = 0  # 0 = 4% of max_model_len when partial prefills > 1, else off
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int = 1
+    lm_head_fp32: bool = False  # keep the LM head (and its matmul) in fp32 whatever the quantization
+    # FastDeploy's repetition early stop: stop a request whose sampled token has had
+    # probability > threshold for window_size consecutive steps (finish_reason "stop")
+    enable_early_stop: bool = False
+    early_stop_config: dict[str, Any] | str | None = None  # {"strategy": "repetition", "window_size": 3000, "threshold": 0.99}
+    # logits processor classes ("module:Class" or "module.Class") loaded in the engine;
+    # requests switch them on with logits_processors_args
+    logits_processors: list[str] | None = None
+    max_logprobs: int = 20  # top logprobs a request may ask for (FastDeploy's --max-logprobs; at most 20)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineArgs:
-        """Build from keyword arguments, naming any unknown one."""
+        """Build from keyword arguments (``LLM(**kwargs)``, the CLI).
+
+        FastDeploy's flag names are all known (fd_core/flags.py): one with no
+        effect here is logged at INFO and dropped, a server-only one likewise
+        (nothing serves HTTP offline), one naming a feature fd-core lacks raises
+        UnsupportedFeatureError naming it; any other unknown name is a TypeError.
+        """
+        from fd_core.flags import by_dest, check_flag
+
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - names)
+        unknown = []
+        for name in sorted(set(kwargs) - names):
+            flag = by_dest(name)
+            if flag is None:
+                unknown.append(name)
+                continue
+            value = kwargs.pop(name)
+            if flag.kind == "server":
+                logger.info("%s has no effect on the offline engine: it configures the HTTP server", name)
+                continue
+            note = check_flag(flag, value)  # raises FlagError, an UnsupportedFeatureError
+            if note:
+                logger.info("%s", note)
         if unknown:
             raise TypeError(
-                f"unknown engine argument(s) {', '.join(unknown)}; known: {', '.join(sorted(names - {'extra'}))}"
+                f"unknown engine argument(s) {', '.join(unknown)}; known: {', '.join(sorted(names - {'extra'}))} "
+                "and FastDeploy's other flag names"
             )
         args = cls(model=model, **kwargs)
         args.validate()
@@ -68,27 +111,40 @@ class EngineArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
 
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                     "num_gpu_blocks_override", "tensor_parallel_size"):
+                     "num_gpu_blocks_override", "tensor_parallel_size", "max_num_partial_prefills",
+                     "max_long_partial_prefills"):
             positive(name)
+        if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
+            raise ValueError("--long-prefill-token-threshold must be an integer >= 0, got "
+                             f"{self.long_prefill_token_threshold!r}")
+        if not isinstance(self.max_logprobs, int) or not 0 <= self.max_logprobs <= 20:
+            raise ValueError(f"--max-logprobs must be in [0, 20] (fd-core returns at most 20 top logprobs; "
+                             f"-1, the whole vocabulary, is not supported), got {self.max_logprobs!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ValueError(f"--seed must be an integer, got {self.seed!r}")
+        if self.logits_processors is not None and (
+                not isinstance(self.logits_processors, (list, tuple))
+                or not all(isinstance(x, str) and x for x in self.logits_processors)):
+            raise ValueError(f"--logits-processors must be a list of class paths (module:Class), "
+                             f"got {self.logits_processors!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if not 0.0 < self.kv_cache_ratio <= 1.0:
-            raise ValueError(f"--kv-cache-ratio must be in (0, 1], got {self.kv_cache_ratio}")
         if self.swap_space < 0:
             raise ValueError(f"--swap-space must be >= 0 GiB, got {self.swap_space}")
         if self.tensor_parallel_size != 1:
             raise UnsupportedFeatureError(
                 f"--tensor-parallel-size {self.tensor_parallel_size}: tensor parallelism is not "
-                "implemented yet; use 1"
+                "implemented yet (issue 17); use 1"
             )
         from fd_core.quantization.config import parse_quantization
 
         parse_quantization(self.quantization)  # raises naming an unknown or unimplemented method
         if self.use_cudagraph:
-            raise UnsupportedFeatureError("--use-cudagraph: graph capture is not implemented yet")
+            raise UnsupportedFeatureError("--use-cudagraph: graph capture (CUDA graphs) is not implemented yet "
+                                          "(issue 16)")
         if self.speculative_config:
             raise UnsupportedFeatureError(
-                "--speculative-config: speculative decoding is not implemented yet"
+                "--speculative-config: speculative decoding is not implemented yet (issue 20)"
             )
 
     @property
@@ -107,27 +163,93 @@ class EngineArgs:
 def kv_cache_blocks(
     args: EngineArgs, bytes_per_block: int, device_type: str, total_bytes: int, free_bytes: int
 ) -> int:
-    """How many KV blocks to allocate.
+    """How many KV blocks to allocate (block 0, the null block, included).
 
     ``--num-gpu-blocks-override`` wins. On accelerators the cache gets
     ``total * gpu_memory_utilization`` minus what is already in use (model
-    weights included). On the CPU backend the cache is host memory shared
-    with everything else, so it is capped by ``FD_CPU_KVCACHE_SPACE`` GiB
-    (default 4) and by ``gpu_memory_utilization`` of the memory available now.
+    weights included).
+
+    On the CPU backend the cache is host memory shared with everything else,
+    so it takes what the model needs, not all it could: room for
+    ``max_num_seqs`` sequences of ``max_model_len`` tokens
+    (``ceil(max_model_len / block_size) * max_num_seqs`` blocks), 25% more
+    with prefix caching (freed prefixes then survive while a full batch of
+    full-length requests runs), plus the null block. That is capped by the
+    budget: ``gpu_memory_utilization`` of the host memory free now, and
+    ``FD_CPU_KVCACHE_SPACE`` GiB when set (unset = no cap beyond the first).
+    Under the cap the scheduler preempts when blocks run out. A budget that
+    cannot hold one ``max_model_len`` sequence raises ``ValueError`` naming
+    the numbers and what to change.
     """
     if args.num_gpu_blocks_override is not None:
         return args.num_gpu_blocks_override
-    if device_type == "cpu":
-        cap = envs.get("FD_CPU_KVCACHE_SPACE") * GIB
-        budget = min(cap, int(free_bytes * args.gpu_memory_utilization))
-    else:
+    if device_type != "cpu":
         budget = int(total_bytes * args.gpu_memory_utilization) - (total_bytes - free_bytes)
+        blocks = budget // bytes_per_block
+        if blocks < 2:
+            raise ValueError(
+                f"no memory left for the KV cache: budget {budget / GIB:.2f} GiB, one block needs "
+                f"{bytes_per_block / (1 << 20):.1f} MiB; raise --gpu-memory-utilization, "
+                "or set --num-gpu-blocks-override"
+            )
+        return int(blocks)
+    per_seq = -(-args.max_model_len // args.block_size)
+    need = per_seq * args.max_num_seqs
+    wanted = (-(-need * 5 // 4) if args.enable_prefix_caching else need) + 1  # + the null block
+    budget = int(free_bytes * args.gpu_memory_utilization)
+    limit = f"--gpu-memory-utilization {args.gpu_memory_utilization} of {free_bytes / GIB:.2f} GiB free"
+    space = envs.get("FD_CPU_KVCACHE_SPACE")  # GiB, or None: size to need
+    if space is not None and space * GIB < budget:
+        budget = int(space * GIB)
+        limit = f"FD_CPU_KVCACHE_SPACE {space:g} GiB"
     blocks = budget // bytes_per_block
-    if blocks < 2:
+    if blocks < per_seq + 1:
         raise ValueError(
-            f"no memory left for the KV cache: budget {budget / GIB:.2f} GiB, one block needs "
-            f"{bytes_per_block / (1 << 20):.1f} MiB; raise --gpu-memory-utilization"
-            + (" or FD_CPU_KVCACHE_SPACE" if device_type == "cpu" else "")
-            + ", or set --num-gpu-blocks-override"
+            f"the KV cache budget of {budget / GIB:.2f} GiB ({limit}) holds {blocks} blocks of "
+            f"{args.block_size} tokens ({bytes_per_block / (1 << 20):.1f} MiB each), but one "
+            f"--max-model-len {args.max_model_len} sequence needs {per_seq} blocks plus the reserved "
+            f"null block ({(per_seq + 1) * bytes_per_block / GIB:.2f} GiB); lower --max-model-len, "
+            "raise --gpu-memory-utilization or FD_CPU_KVCACHE_SPACE, free host memory, "
+            "or set --num-gpu-blocks-override"
         )
-    return int(blocks)
+    return int(min(wanted, blocks))
+
+
+def host_available_bytes() -> int:
+    """MemAvailable of this host (0 when unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, value = line.split(":", 1)
+                if key == "MemAvailable":
+                    return int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def host_swap_blocks(swap_space_gib: float, bytes_per_block: int, available_bytes: int,
+                     reserved_bytes: int = 0) -> int:
+    """Blocks of the host (swap) tier for ``--swap-space`` GiB.
+
+    FastDeploy's pages recommend ``--swap-space 50``; on a smaller machine that
+    would exhaust host memory, so the tier is clamped, with a warning, to
+    SWAP_FRACTION of the host memory available after ``reserved_bytes`` (the CPU
+    backend's own KV pool lives in host memory too). ``available_bytes`` 0 means
+    unknown: no clamp.
+    """
+    wanted = int(swap_space_gib * GIB)
+    if wanted <= 0:
+        return 0
+    if available_bytes > 0:
+        cap = max(0, int((available_bytes - reserved_bytes) * SWAP_FRACTION))
+        if wanted > cap:
+            logger.warning(
+                "--swap-space %g GiB is more than this host can spare: %.2f GiB available%s, of which "
+                "at most %d%% goes to the swap tier; using %.2f GiB",
+                swap_space_gib, available_bytes / GIB,
+                f" after the {reserved_bytes / GIB:.2f} GiB KV pool" if reserved_bytes else "",
+                int(SWAP_FRACTION * 100), cap / GIB,
+            )
+            wanted = cap
+    return wanted // bytes_per_block

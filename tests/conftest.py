@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# FastDeploy's log files go to FD_LOG_DIR (default ./log); tests and the servers they start
+# write theirs to a scratch directory, never into the repository
+os.environ.setdefault("FD_LOG_DIR", tempfile.mkdtemp(prefix="fd-test-logs-"))
 
 
 @pytest.fixture(scope="session")

@@ -109,6 +109,7 @@ class BlockPool:
         self._swap_out: list[tuple[int, int]] = []  # (device block, host block)
         self._swap_in: list[tuple[int, int]] = []  # (host block, device block)
 
+        self._num_free_cached = 0  # free blocks still holding a cached hash (the LRU part)
         self.num_evictions = 0  # cached device blocks reused for new content
         self.num_swap_outs = 0
         self.num_swap_ins = 0
@@ -119,6 +120,17 @@ class BlockPool:
     def num_free_blocks(self) -> int:
         """Blocks ``get_new_blocks`` can hand out now (cached free ones included)."""
         return len(self._free)
+
+    @property
+    def num_free_uncached_blocks(self) -> int:
+        """Free blocks holding no cached prefix (FastDeploy's free_gpu_block_num);
+        ``num_free_blocks`` adds the cached ones kept in LRU order."""
+        return len(self._free) - self._num_free_cached
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Device blocks holding a cached prefix, in use or free."""
+        return len(self._cached)
 
     @property
     def usage(self) -> float:
@@ -138,6 +150,7 @@ class BlockPool:
         for _ in range(num_blocks):
             _, block = self._free.popitem(last=False)
             if block.block_hash is not None:
+                self._num_free_cached -= 1
                 self._evict(block)
             block.ref_cnt = 1
             blocks.append(block)
@@ -148,6 +161,7 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 del self._free[block.block_id]
+                self._num_free_cached -= block.block_hash is not None
             block.ref_cnt += 1
 
     def free_blocks(self, blocks: Iterable[KVBlock]) -> None:
@@ -164,6 +178,8 @@ class BlockPool:
                 self._free[block.block_id] = block
                 if block.block_hash is None:
                     self._free.move_to_end(block.block_id, last=False)
+                else:
+                    self._num_free_cached += 1
 
     # -- prefix cache --------------------------------------------------------
 
@@ -186,6 +202,7 @@ class BlockPool:
                 continue
             block.block_hash = block_hash
             self._cached[block_hash] = block
+            self._num_free_cached += block.ref_cnt == 0
 
     def swap_in(self, hits: Sequence[HostHit]) -> list[KVBlock]:
         """Allocate one device block per host hit, cache it under the hit's hash
@@ -218,6 +235,7 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         self._cached.clear()
+        self._num_free_cached = 0
         self._host_cached.clear()
         self._host_free = list(range(self.num_host_blocks - 1, -1, -1))
         return True

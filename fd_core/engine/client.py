@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,10 @@ from fd_core.config import EngineArgs
 from fd_core.engine.outputs import RequestOutput
 from fd_core.sampling.params import SamplingParams
 
-__all__ = ["EngineClient", "EngineDeadError", "EngineInfo", "EngineStats", "InprocEngineClient", "RequestError"]
+__all__ = [
+    "EngineClient", "EngineDeadError", "EngineInfo", "EngineStats", "InprocEngineClient", "RequestError",
+    "engine_info_of",
+]
 
 
 class EngineDeadError(RuntimeError):
@@ -33,27 +37,38 @@ class RequestError(ValueError):
 
 @dataclass
 class EngineInfo:
-    """Facts the API layer needs about the running engine."""
+    """Facts the API layer needs about the running engine (``engine_info_of``)."""
 
     model_dir: str
     max_model_len: int
     vocab_size: int
-    num_kv_blocks: int
+    num_kv_blocks: int  # block 0, the null block, included
     block_size: int
     backend: str
+    max_num_seqs: int = 0  # 0: unknown
+    num_host_blocks: int = 0  # the --swap-space tier
+    enable_prefix_caching: bool = True
 
 
 @dataclass
 class EngineStats:
-    """A snapshot of the engine for /metrics (refreshed every step)."""
+    """A snapshot of the engine for /metrics (``_stats_of``: every step, after
+    aborts and while idle). ``time == 0`` means never taken: the engine has
+    published nothing yet, so readers fall back to ``EngineInfo``."""
 
     num_running: int = 0
-    num_waiting: int = 0
-    kv_cache_usage: float = 0.0  # fraction of KV blocks in use
-    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache
-    prefix_cache_hits: int = 0  # of which found
-    num_preemptions: int = 0
-    num_free_blocks: int = 0
+    num_waiting: int = 0  # queued in the scheduler, preempted ones included
+    kv_cache_usage: float = 0.0  # fraction of usable KV blocks in use
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache, total since start
+    prefix_cache_hits: int = 0  # of which found (device or host)
+    num_preemptions: int = 0  # total since start
+    num_free_blocks: int = 0  # blocks a request can get now, cached free ones included
+    prefix_cache_host_hits: int = 0  # of the hits, tokens found only in the host tier
+    num_preempted: int = 0  # waiting requests preempted now, to be recomputed
+    num_enqueued: int = 0  # received by the engine, not yet handed to its scheduler
+    num_free_uncached_blocks: int = 0  # free blocks holding no cached prefix
+    num_cached_blocks: int = 0  # blocks holding a cached prefix, in use or free
+    time: float = 0.0  # time.time() when taken; 0: never
 
 
 class EngineClient(abc.ABC):
@@ -102,13 +117,11 @@ class InprocEngineClient(EngineClient):
 
         self.engine = LLMEngine(args)
         self.tokenizer = self.engine.tokenizer
-        core = self.engine.core
-        self.info = EngineInfo(str(core.model_dir), args.max_model_len, core.model_config.vocab_size,
-                               core.cache_config.num_blocks, core.cache_config.block_size, core.backend.name)
+        self.info = engine_info_of(self.engine.core)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._stats = EngineStats()
+        self._stats = _stats_of(self.engine.core)
         self._error: BaseException | None = None
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="fd-engine", daemon=True)
@@ -157,12 +170,12 @@ class InprocEngineClient(EngineClient):
                     return
         finally:
             self._queues.pop(request_id, None)
-            with self._lock:
-                self.engine.abort_request(request_id)
+            await self.abort(request_id)
 
     async def abort(self, request_id: str) -> None:
         with self._lock:
             self.engine.abort_request(request_id)
+            self._stats = _stats_of(self.engine.core)  # the freed blocks show at once
 
     async def check_health(self) -> None:
         if self._error is not None or not self._thread.is_alive():
@@ -177,6 +190,17 @@ class InprocEngineClient(EngineClient):
         self._thread.join(timeout=5)
 
 
+def engine_info_of(core: Any) -> EngineInfo:
+    """EngineInfo of an EngineCore (in the engine's process; sent to the API once)."""
+    cache, sched = core.cache_config, core.scheduler_config
+    return EngineInfo(
+        model_dir=str(core.model_dir), max_model_len=sched.max_model_len,
+        vocab_size=core.model_config.vocab_size, num_kv_blocks=cache.num_blocks,
+        block_size=cache.block_size, backend=core.backend.name, max_num_seqs=sched.max_num_seqs,
+        num_host_blocks=cache.num_host_blocks, enable_prefix_caching=cache.enable_prefix_caching,
+    )
+
+
 def _stats_of(core: Any) -> EngineStats:
     """EngineStats from an EngineCore (called in the engine's own thread/process)."""
     st = core.scheduler.make_stats()
@@ -187,5 +211,10 @@ def _stats_of(core: Any) -> EngineStats:
         prefix_cache_queries=st.prefix_cache_queries,
         prefix_cache_hits=st.prefix_cache_hits,
         num_preemptions=st.num_preemptions,
-        num_free_blocks=core.scheduler.kv_cache_manager.pool.num_free_blocks,
+        num_free_blocks=st.num_free_blocks,
+        prefix_cache_host_hits=st.prefix_cache_host_hits,
+        num_preempted=st.num_preempted,
+        num_free_uncached_blocks=st.num_free_uncached_blocks,
+        num_cached_blocks=st.num_cached_blocks,
+        time=time.time(),
     )

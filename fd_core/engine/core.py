@@ -9,10 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fd_core.backends import get_backend
-from fd_core.config import EngineArgs, kv_cache_blocks
+from fd_core.config import EngineArgs, host_available_bytes, host_swap_blocks, kv_cache_blocks
 from fd_core.engine.config import CacheConfig, SchedulerConfig
 from fd_core.engine.model_runner import ModelRunner, StepInput
 from fd_core.engine.outputs import EngineCoreOutput, Logprob, PositionLogprobs
@@ -21,8 +24,20 @@ from fd_core.engine.scheduler import Scheduler
 from fd_core.model_loader import resolve_model_path
 from fd_core.models.config import load_config
 from fd_core.quantization.config import check_backend_supports, parse_quantization
+from fd_core.sampling.early_stop import EarlyStopConfig
+from fd_core.sampling.logits_processors import (
+    LogitsProcessorContext,
+    check_request_args,
+    load_logits_processors,
+)
 from fd_core.sampling.logprobs import Logprobs, compute_prompt_logprobs
 from fd_core.sampling.params import SamplingParams
+from fd_core.sampling.reasoning_budget import (
+    THINK_END,
+    THINK_START,
+    TURN_BOUNDARIES,
+    ThinkingTokens,
+)
 from fd_core.sampling.sampler import Sampler, SamplingState
 
 __all__ = ["EngineCore", "EngineCoreRequest", "StepStats"]
@@ -56,6 +71,31 @@ class StepStats:
     step_seconds: float = 0.0
 
 
+def default_seed(base: int, k: int) -> int:
+    """The seed of the ``k``-th unseeded request (0-based, in arrival order)
+    of an engine started with ``--seed base``: a 63-bit mix of both."""
+    state = np.random.SeedSequence([base % 2**64, k]).generate_state(1, np.uint64)
+    return int(state[0]) >> 1
+
+
+def thinking_tokens(tokenizer_dir: str | Path) -> ThinkingTokens | None:
+    """The tokenizer's ``</think>`` / ``<think>`` / turn-boundary ids, or None
+    when it has no ``</think>`` token (or no tokenizer is there)."""
+    from fd_core.tokenizer import Tokenizer
+
+    try:
+        added = Tokenizer.from_pretrained(tokenizer_dir).added_tokens
+    except (FileNotFoundError, OSError, ValueError) as e:
+        logger.info("no tokenizer in %s (%s): reasoning_max_tokens is unavailable", tokenizer_dir, e)
+        return None
+    if THINK_END not in added:
+        return None
+    return ThinkingTokens(
+        end_id=added[THINK_END], start_id=added.get(THINK_START),
+        boundary_ids=frozenset(added[t] for t in TURN_BOUNDARIES if t in added),
+    )
+
+
 def _position_logprobs(entry: Logprobs) -> PositionLogprobs:
     out = {tok: Logprob(lp, rank=i + 1) for i, (tok, lp) in enumerate(entry.top)}
     out.setdefault(entry.token_id, Logprob(entry.logprob, rank=entry.rank))
@@ -67,9 +107,15 @@ class EngineCore:
 
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
+        # request features first: a bad flag fails before the model loads
+        early_stop = EarlyStopConfig.from_args(args.enable_early_stop, args.early_stop_config)
         self.backend = get_backend(args.backend)
         self.model_dir = resolve_model_path(args.model)
         model_config = load_config(self.model_dir)
+        processors = load_logits_processors(
+            args.logits_processors,
+            LogitsProcessorContext(model_config.vocab_size, self.backend.info.device_type),
+        )
         if args.max_model_len > model_config.max_position_embeddings:
             raise ValueError(
                 f"--max-model-len {args.max_model_len} exceeds the model's "
@@ -85,7 +131,9 @@ class EngineCore:
         memory = self.backend.memory(0)
         num_blocks = kv_cache_blocks(args, per_block, self.backend.info.device_type,
                                      memory.total_bytes, memory.free_bytes)
-        num_host_blocks = int(args.swap_space * GIB) // per_block
+        num_host_blocks = host_swap_blocks(
+            args.swap_space, per_block, host_available_bytes(),
+            num_blocks * per_block if self.backend.info.device_type == "cpu" else 0)
         self.cache_config = CacheConfig(
             num_blocks=num_blocks, block_size=args.block_size, num_host_blocks=num_host_blocks,
             enable_prefix_caching=args.enable_prefix_caching,
@@ -93,6 +141,9 @@ class EngineCore:
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.batched_tokens,
             max_model_len=args.max_model_len, enable_chunked_prefill=args.chunked_prefill,
+            long_prefill_token_threshold=args.long_prefill_token_threshold,
+            max_num_partial_prefills=args.max_num_partial_prefills,
+            max_long_partial_prefills=args.max_long_partial_prefills,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config)
         self.runner = ModelRunner(
@@ -101,7 +152,10 @@ class EngineCore:
             quantization=self.quantization,
         )
         self.runner.warmup()
-        self.sampler = Sampler(self.backend.ops, model_config.vocab_size)
+        self.sampler = Sampler(self.backend.ops, model_config.vocab_size,
+                               logits_processors=processors, early_stop=early_stop)
+        self.thinking = thinking_tokens(args.tokenizer or self.model_dir)
+        self._num_unseeded = 0  # unseeded requests so far: k of default_seed(args.seed, k)
         self._states: dict[str, SamplingState] = {}
         self._prompt_logprobs: dict[str, list[PositionLogprobs | None]] = {}
         self._pending: list[EngineCoreOutput] = []  # outputs produced outside a step (aborts)
@@ -120,6 +174,16 @@ class EngineCore:
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
         params = req.sampling_params
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and asked > self.args.max_logprobs:
+                raise ValueError(f"{name} {asked} is more than this server allows: at most "
+                                 f"{self.args.max_logprobs} (--max-logprobs)")
+        check_request_args(self.sampler.logits_processors, params.logits_processors_args)
+        seeded_by_engine = params.seed is None and self.args.seed is not None
+        if seeded_by_engine:
+            assert self.args.seed is not None
+            params = params.replace(seed=default_seed(self.args.seed, self._num_unseeded))
         request = Request(
             req.request_id, req.prompt_token_ids, params, req.eos_token_ids,
             arrival_time=req.arrival_time, cache_salt=req.cache_salt,
@@ -127,10 +191,12 @@ class EngineCore:
         state = SamplingState.create(
             params, req.prompt_token_ids, eos_token_ids=req.eos_token_ids,
             bad_words_token_ids=req.bad_words_token_ids,
-            output_token_ids=request.output_token_ids, vocab_size=vocab,
+            output_token_ids=request.output_token_ids, vocab_size=vocab, thinking=self.thinking,
         )
         self.scheduler.add_request(request)
         self._states[req.request_id] = state
+        if seeded_by_engine:
+            self._num_unseeded += 1
 
     def abort(self, request_ids: list[str], reason: RequestStatus = RequestStatus.FINISHED_ABORTED,
               stop_reason: int | str | None = None) -> None:
@@ -156,6 +222,7 @@ class EngineCore:
             self.runner.apply_swaps(out.swap_out, out.swap_in)
         sampled: dict[str, list[int]] = {}
         new_logprobs: dict[str, PositionLogprobs] = {}
+        early_stopped: set[str] = set()
         scheduled = out.scheduled
         if scheduled:
             wants_prompt = [self._wants_prompt_logprobs(s) for s in scheduled]
@@ -191,6 +258,7 @@ class EngineCore:
                     sampled[rid] = [tok]
                     if lp is not None:
                         new_logprobs[rid] = _position_logprobs(lp)
+                early_stopped = {rid for rid, hit in zip(ids, result.early_stopped) if hit}
         updates = self.scheduler.update_from_output(out, sampled)
         now = time.time()
         outputs = self._pending
@@ -198,20 +266,25 @@ class EngineCore:
         for update in updates:
             req = update.request
             rid = req.request_id
+            finished = update.finished
+            if rid in early_stopped and not finished:
+                # repetition early stop: the token is kept, the request ends as "stop"
+                self.scheduler.finish_requests(rid, RequestStatus.FINISHED_STOPPED)
+                finished = True
             events = {"scheduled": now}
             output = EngineCoreOutput(
                 request_id=rid,
                 new_token_ids=update.new_token_ids,
                 new_logprobs=[new_logprobs[rid]] if rid in new_logprobs and update.new_token_ids else None,
-                finish_reason=req.finish_reason if update.finished else None,
-                stop_reason=req.stop_reason if update.finished else None,
+                finish_reason=req.finish_reason if finished else None,
+                stop_reason=req.stop_reason if finished else None,
                 num_cached_tokens=req.num_cached_tokens,
                 events=events,
             )
             if rid in self._prompt_logprobs and req.num_output_tokens == 1:
                 output.prompt_logprobs = self._prompt_logprobs[rid]
             outputs.append(output)
-            if update.finished:
+            if finished:
                 self._drop(rid)
         stats.num_scheduled_tokens = out.total_num_scheduled_tokens
         stats.num_decodes = out.num_decodes

@@ -3,14 +3,20 @@
 ``EngineCoreOutput`` carries token ids out of the engine core (it crosses a
 process boundary in the server, so it is plain data); ``RequestOutput`` is
 what users of ``LLM`` and the API layer see, with text.
+
+One result serves both offline styles: ``RequestOutput.outputs`` is a list of
+the ``n`` samples (vLLM: ``output.outputs[0].text``) that also answers the
+first sample's attributes itself (FastDeploy: ``output.outputs.text``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "CompletionOutput",
+    "CompletionOutputs",
     "EngineCoreOutput",
     "Logprob",
     "RequestMetrics",
@@ -51,6 +57,8 @@ class EngineCoreOutput:
 
 @dataclass
 class RequestMetrics:
+    """Times (``time.time()`` seconds) of one request; FastDeploy's names are properties."""
+
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -67,6 +75,29 @@ class RequestMetrics:
     @property
     def ttft(self) -> float | None:
         return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def request_start_time(self) -> float:
+        """FastDeploy's name: when the request was accepted (= ``arrival_time``)."""
+        return self.arrival_time
+
+    @property
+    def inference_start_time(self) -> float | None:
+        """FastDeploy's name: when the request was first scheduled (= ``first_scheduled_time``)."""
+        return self.first_scheduled_time
+
+    @property
+    def model_execute_time(self) -> float | None:
+        """FastDeploy's name: seconds from first scheduling to the last token."""
+        end = self.finished_time or self.last_token_time
+        if end is None or self.first_scheduled_time is None:
+            return None
+        return end - self.first_scheduled_time
+
+    @property
+    def model_forward_time(self) -> None:
+        """FastDeploy's name; forward time is not measured per request here: always None."""
+        return None
 
 
 @dataclass
@@ -85,14 +116,84 @@ class CompletionOutput:
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[PositionLogprobs] | None = None
+    # LLM.chat with --reasoning-parser / --tool-call-parser (as the server's message):
+    # text is then the content part only
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI "tool_calls" entries
+    reasoning_token_num: int = 0  # output tokens up to the end of the reasoning part
+    # FastDeploy's: where this output's token_ids start in the whole output
+    # (0 for a whole result; LLM.generate(stream=True) chunks: the chunk's offset)
+    send_idx: int = 0
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def draft_token_ids(self) -> list[int]:
+        """FastDeploy's name: speculative draft tokens; no speculative decoding here, so empty."""
+        return []
+
+
+def _first(name: str) -> property:
+    """A property of ``CompletionOutputs`` that reads/writes ``name`` of the first sample."""
+
+    def get(self: CompletionOutputs) -> Any:
+        return getattr(self._sample(name), name)
+
+    def set_(self: CompletionOutputs, value: Any) -> None:
+        setattr(self._sample(name), name, value)
+
+    return property(get, set_, doc=f"``self[0].{name}`` (FastDeploy's single-sample access)")
+
+
+class CompletionOutputs(list[CompletionOutput]):
+    """The samples of a request: a list that also reads as its first sample.
+
+    ``outputs[0].text``, ``len(outputs)``, ``for c in outputs`` and slicing
+    work as on a list (vLLM); ``outputs.text``, ``outputs.token_ids``,
+    ``outputs.reasoning_content``, ... read (and set) the first sample's
+    field (FastDeploy, whose ``outputs`` is one ``CompletionOutput``). With
+    ``n > 1`` the attribute form sees sample 0 only. ``outputs.index`` is
+    the first sample's index (FastDeploy's field), so the list method
+    ``index()`` is not available here: use ``list(outputs).index(x)``.
+    """
+
+    __slots__ = ()  # no instance state beyond the list: pickles and copies as a list
+
+    def _sample(self, name: str) -> CompletionOutput:
+        if not self:
+            raise AttributeError(f"outputs.{name}: this request has no samples")
+        return self[0]
+
+    index = _first("index")  # type: ignore[assignment]
+    text = _first("text")
+    token_ids = _first("token_ids")
+    cumulative_logprob = _first("cumulative_logprob")
+    logprobs = _first("logprobs")
+    finish_reason = _first("finish_reason")
+    stop_reason = _first("stop_reason")
+    delta_text = _first("delta_text")
+    delta_token_ids = _first("delta_token_ids")
+    delta_logprobs = _first("delta_logprobs")
+    reasoning_content = _first("reasoning_content")
+    tool_calls = _first("tool_calls")
+    reasoning_token_num = _first("reasoning_token_num")
+    finished = _first("finished")
+    send_idx = _first("send_idx")
+    draft_token_ids = _first("draft_token_ids")
+
 
 @dataclass
 class RequestOutput:
+    """One request's result (or, streaming, its state so far).
+
+    ``outputs`` is always a ``CompletionOutputs`` (a plain list given here is
+    wrapped). ``error_code``/``error_msg`` are FastDeploy's fields: a prompt
+    the engine cannot serve is refused when it is added (``LLM.generate``
+    raises naming its index), so a returned output is 200 / None.
+    """
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -101,3 +202,9 @@ class RequestOutput:
     metrics: RequestMetrics
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
+    error_code: int = 200
+    error_msg: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.outputs, CompletionOutputs):
+            self.outputs = CompletionOutputs(self.outputs)

@@ -89,3 +89,8 @@ class SchedulerStats:
     step_num_scheduled_tokens: int  # last step
     step_num_prefill_tokens: int  # last step
     step_num_decodes: int  # last step
+    prefix_cache_host_hits: int = 0  # tokens, total since start, of the hits found only on host
+    num_preempted: int = 0  # waiting requests preempted now, to be recomputed
+    num_free_blocks: int = 0  # blocks a request can get now (cached free ones included)
+    num_free_uncached_blocks: int = 0  # of which hold no cached prefix
+    num_cached_blocks: int = 0  # blocks holding a cached prefix, in use or free

@@ -1,111 +1,201 @@
 """``fd-serve``: the OpenAI-compatible server, with FastDeploy's launch flags.
 
 The same flags work for ``python -m fd_core.entrypoints.openai.api_server``.
-Flags naming features that are not implemented fail at start-up with a
-message saying so (exit 2); they are never silently ignored.
+Every FastDeploy flag is known (fd_core/flags.py classifies them): flags
+naming features that are not implemented fail at start-up with a message
+saying so (exit 2); flags with no effect here are logged at INFO; none is
+silently ignored.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import sys
 from typing import Any
 
-__all__ = ["build_parser", "serve_main", "engine_args_from", "server_kwargs_from"]
+from fd_core.flags import FLAGS, check_flag, parse_bool, parse_json_or_str
+
+__all__ = ["build_parser", "serve_main", "engine_args_from", "fastdeploy_flag_notes", "server_kwargs_from"]
+
+logger = logging.getLogger("fd_core.serve")
 
 
 def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+    try:
+        return parse_bool(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _json_or_str(text: str) -> Any:
-    text = text.strip()
-    if text.startswith("{"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
-    return text
+    try:
+        return parse_json_or_str(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add(p: argparse.ArgumentParser, name: str, *more: str, **kwargs: Any) -> None:
+    """A flag under its name, its all-dash and all-underscore spellings (FastDeploy's
+    docs use both) and ``more`` aliases."""
+    body = name.lstrip("-")
+    spellings = dict.fromkeys([name, "--" + body.replace("_", "-"), "--" + body.replace("-", "_"), *more])
+    kwargs.setdefault("dest", body.replace("-", "_"))
+    p.add_argument(*spellings, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="fd-serve",
-        description="fd-core OpenAI-compatible server. Flags keep FastDeploy's names and meanings.",
+        prog="fd-serve", allow_abbrev=False,
+        description="fd-core OpenAI-compatible server. Flags keep FastDeploy's names and meanings; "
+                    "every FastDeploy flag is known (see the README's 'Coming from FastDeploy').",
     )
-    a = p.add_argument
+
+    def a(name: str, *more: str, **kwargs: Any) -> None:
+        _add(p, name, *more, **kwargs)
+
     a("--list-backends", action="store_true", help="list installed backends and whether each is usable here")
     a("--model", help="model directory or hub id; 'demo' generates and serves the ERNIE-4.5-0.3B-shaped "
                       "demo checkpoint (random weights)")
+    a("--revision", default=None, help="hub revision (branch, tag or commit) of --model")
     a("--tokenizer", help="tokenizer directory (default: the model's)")
     a("--served-model-name", nargs="+", help="name(s) clients use in the 'model' field (default: --model)")
     a("--host", default="0.0.0.0")
     a("--port", type=int, default=8000)
-    a("--metrics-port", type=int, default=None, help="serve /metrics on this port too")
-    a("--backend", default="auto", help="auto, cpu, cuda, xpu, iluvatar, dcu, gcu or an installed plugin")
+    a("--metrics-port", type=int, default=None, help="serve /metrics (and /config-info) on this port too")
+    a("--workers", type=int, default=1, help="API server processes sharing one engine")
+    a("--backend", default="auto", help="auto, cpu, x86, cuda, xpu, iluvatar, dcu, gcu or an installed plugin")
     a("--max-model-len", type=int, default=2048)
     a("--max-num-seqs", type=int, default=8)
     a("--max-num-batched-tokens", type=int, default=None)
     a("--block-size", type=int, default=64)
-    a("--tensor-parallel-size", "--tp", type=int, default=1)
+    a("--tensor-parallel-size", "-tp", "--tp", type=int, default=1)
     a("--quantization", type=_json_or_str, default=None, help="wint8, wint4, ... or FastDeploy's JSON form")
+    a("--lm_head-fp32", action="store_true", help="keep the LM head in fp32 whatever --quantization says")
     a("--gpu-memory-utilization", type=float, default=0.9)
-    a("--kv-cache-ratio", type=float, default=0.75)
     a("--num-gpu-blocks-override", type=int, default=None)
     a("--enable-prefix-caching", type=_bool, nargs="?", const=True, default=True)
     a("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    a("--swap-space", type=float, default=0.0, help="GiB of host memory for evicted prefix-cache blocks")
+    a("--swap-space", type=float, default=0.0, help="GiB of host memory for evicted prefix-cache blocks "
+                                                    "(clamped to what the host can spare)")
     a("--enable-chunked-prefill", type=_bool, nargs="?", const=True, default=None)
+    a("--max-num-partial-prefills", type=int, default=1)
+    a("--max-long-partial-prefills", type=int, default=1)
+    a("--long-prefill-token-threshold", type=int, default=0)
     a("--use-cudagraph", type=_bool, nargs="?", const=True, default=False)
     a("--speculative-config", type=_json_or_str, default=None)
     a("--reasoning-parser", default=None, help="ernie_x1, ernie-45-vl, qwen3, ...")
     a("--tool-call-parser", default=None, help="ernie_x1, ...")
+    a("--tool-parser-plugin", default=None, help="a Python file registering tool parsers "
+                                                  "(@ToolParserManager.register_module)")
     a("--chat-template", default=None, help="a jinja2 template file or string")
-    a("--limit-mm-per-prompt", type=_json_or_str, default=None)
-    a("--load-choices", "--load_choices", dest="load_choices", default="default_v1",
-      help="weight loader: default or default_v1 (both load safetensors tensor by tensor here)")
-    a("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set FD_API_KEY)")
+    a("--disallow-request-chat-template", action="store_true",
+      help="answer 400 to requests carrying their own chat_template")
+    a("--api-key", action="append", default=None,
+      help="require 'Authorization: Bearer KEY'; repeat for several keys (or FD_API_KEY=k1,k2)")
     a("--max-concurrency", type=int, default=512, help="requests in flight above this get 429")
-    a("--seed", type=int, default=0)
-    a("--disable-log-requests", action="store_true")
+    a("--max-waiting-time", type=float, default=-1,
+      help="seconds a request may wait to be served (queued and prefilled) before it gets 408; -1: no limit")
+    a("--timeout-graceful-shutdown", type=float, default=0,
+      help="on SIGTERM, seconds to let requests in flight finish before they are aborted; 0: no limit")
+    a("--seed", type=int, default=None, help="default seed of requests that give none (reproducible server)")
+    a("--max-logprobs", type=int, default=20, help="top logprobs a request may ask for (at most 20)")
+    a("--enable-early-stop", action="store_true", help="FastDeploy's repetition early stop")
+    a("--early-stop-config", type=_json_or_str, default=None,
+      help='e.g. \'{"window_size": 3000, "threshold": 0.99}\'')
+    a("--logits-processors", nargs="+", default=None, help="logits processor classes (module:Class)")
+    a("--disable-log-requests", action="store_true", help="no INFO line per request")
+    for flag in FLAGS:
+        if flag.kind in ("engine", "server"):
+            continue
+        kwargs: dict[str, Any] = dict(default=argparse.SUPPRESS, dest=flag.dest,
+                                      help=f"(FastDeploy) {flag.kind.replace('_', ' ')}: {flag.reason}")
+        if flag.type is bool:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs.update(type=_argparse_type(flag.type), nargs=flag.nargs, **flag.extra)
+            if flag.nargs == "?" and "const" not in kwargs:
+                kwargs["const"] = True
+        p.add_argument(*flag.spellings, **kwargs)
+    # FastDeploy's BooleanOptionalAction flags also have a --no- form
+    for name in ("enable-output-caching", "shutdown-comm-group-if-worker-idle"):
+        a(f"--no-{name}", dest=name.replace("-", "_"), action="store_false", default=argparse.SUPPRESS,
+          help=f"(FastDeploy) see --{name}")
     return p
+
+
+def _argparse_type(parse: Any) -> Any:
+    if parse in (str, int, float):
+        return parse
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def fastdeploy_flag_notes(ns: argparse.Namespace) -> list[str]:
+    """Check the FastDeploy flags fd-core does not implement: raise FlagError (exit 2)
+    for one it cannot honour, return the INFO lines for those with no effect here."""
+    notes = []
+    for flag in FLAGS:
+        if flag.kind not in ("engine", "server") and hasattr(ns, flag.dest):
+            note = check_flag(flag, getattr(ns, flag.dest))
+            if note:
+                notes.append(note)
+    return notes
 
 
 def engine_args_from(ns: argparse.Namespace) -> Any:
     """EngineArgs from parsed flags; raises ValueError naming a bad or unsupported flag."""
-    from fd_core.config import EngineArgs, UnsupportedFeatureError
+    from fd_core.config import EngineArgs
 
-    if ns.limit_mm_per_prompt:
-        raise UnsupportedFeatureError("--limit-mm-per-prompt: multimodal models are not implemented yet")
-    if ns.load_choices not in ("default", "default_v1"):
-        raise ValueError(f"--load-choices must be 'default' or 'default_v1', got {ns.load_choices!r}")
+    for note in fastdeploy_flag_notes(ns):
+        logger.info("%s", note)
+    if ns.max_waiting_time is not None and ns.max_waiting_time != -1 and ns.max_waiting_time <= 0:
+        raise ValueError(f"--max-waiting-time must be > 0 seconds or -1 (no limit), got {ns.max_waiting_time}")
+    if ns.timeout_graceful_shutdown < 0:
+        raise ValueError(f"--timeout-graceful-shutdown must be >= 0 seconds (0: no limit), "
+                         f"got {ns.timeout_graceful_shutdown}")
+    if ns.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {ns.workers}")
+    if ns.tool_parser_plugin:
+        from fd_core.parsers import ToolParserManager
+
+        ToolParserManager.import_tool_parser(ns.tool_parser_plugin)
     return EngineArgs.from_kwargs(
         ns.model,
         tokenizer=ns.tokenizer,
         served_model_name=(ns.served_model_name or [None])[0],
+        revision=ns.revision,
         backend=ns.backend,
         max_model_len=ns.max_model_len,
         max_num_seqs=ns.max_num_seqs,
         max_num_batched_tokens=ns.max_num_batched_tokens,
         block_size=ns.block_size,
         gpu_memory_utilization=ns.gpu_memory_utilization,
-        kv_cache_ratio=ns.kv_cache_ratio,
         num_gpu_blocks_override=ns.num_gpu_blocks_override,
         enable_prefix_caching=ns.enable_prefix_caching,
         swap_space=ns.swap_space,
         enable_chunked_prefill=ns.enable_chunked_prefill,
+        max_num_partial_prefills=ns.max_num_partial_prefills,
+        max_long_partial_prefills=ns.max_long_partial_prefills,
+        long_prefill_token_threshold=ns.long_prefill_token_threshold,
         tensor_parallel_size=ns.tensor_parallel_size,
         quantization=ns.quantization,
+        lm_head_fp32=ns.lm_head_fp32,
         use_cudagraph=ns.use_cudagraph,
         speculative_config=ns.speculative_config,
         chat_template=ns.chat_template,
         seed=ns.seed,
+        max_logprobs=ns.max_logprobs,
+        enable_early_stop=ns.enable_early_stop,
+        early_stop_config=ns.early_stop_config,
+        logits_processors=ns.logits_processors,
     )
 
 
@@ -114,14 +204,20 @@ def server_kwargs_from(ns: argparse.Namespace) -> dict[str, Any]:
     from fd_core import envs
 
     names = ns.served_model_name or [ns.model]
+    keys = tuple(ns.api_key or ()) or tuple(k.strip() for k in (envs.get("FD_API_KEY") or "").split(",")
+                                            if k.strip())
     return dict(
         served_model_names=tuple(names),
-        api_key=ns.api_key or envs.get("FD_API_KEY"),
+        api_keys=keys,
         max_concurrency=ns.max_concurrency,
+        max_waiting_time=None if ns.max_waiting_time in (None, -1) else ns.max_waiting_time,
         reasoning_parser=ns.reasoning_parser,
         tool_call_parser=ns.tool_call_parser,
+        tool_parser_plugin=ns.tool_parser_plugin,
         max_model_len=ns.max_model_len,
         metrics_port=ns.metrics_port,
+        allow_request_chat_template=not ns.disallow_request_chat_template,
+        max_logprobs=ns.max_logprobs,
     )
 
 

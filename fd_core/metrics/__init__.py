@@ -2,8 +2,10 @@
 
 Owns the ``Metrics`` class: its own ``CollectorRegistry`` (never the global
 one, so several apps can live in one process), engine gauges refreshed from
-``EngineStats`` at scrape time, and per-request histograms/counters recorded
-when a request ends. May import only prometheus_client and fd_core.engine's
+``EngineStats`` at scrape time through ``engine_view`` (which corrects a
+snapshot the API process knows to be stale: before the engine's first one,
+right after aborts), and per-request histograms/counters recorded when a
+request ends. May import only prometheus_client and fd_core.engine's
 plain-data modules (client stats, outputs): no paddle, no numpy.
 """
 

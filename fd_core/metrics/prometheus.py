@@ -8,13 +8,20 @@ One deliberate addition: ``request_success_total`` carries vLLM's
 FastDeploy's unlabelled counter.
 
 Who calls what: the API layer calls ``request_received`` when a generation
-request arrives and ``request_finished`` when its last output is seen (or it
-was aborted); ``render`` is the /metrics handler, and refreshes the engine
-gauges from ``EngineStats`` first.
+request is handed to the engine and ``request_finished`` exactly once when it
+ends (its last output, or None when it ended before any); ``render`` is the
+/metrics handler, and refreshes the engine gauges first (``engine_view``:
+the latest ``EngineStats``, corrected by what this process knows, so the
+gauges are right before the first request and right after aborts).
+
+Two FastDeploy counters stay 0 by construction: ``prefix_storage_cache_token_num``
+(no external KV storage tier) and ``send_cache_failed_num`` (no KV transfer
+between instances).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from prometheus_client import (
@@ -28,6 +35,7 @@ from prometheus_client import (
 
 from fd_core.engine.client import EngineInfo, EngineStats
 from fd_core.engine.outputs import RequestOutput
+from fd_core.metrics.engine_view import engine_view
 
 __all__ = ["METRIC_PREFIX", "Metrics"]
 
@@ -52,6 +60,7 @@ _TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 
 _LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 _TOKEN_BUCKETS = _buckets_1_2_5(33792)
+_RATIO_BUCKETS = [0.1, 0.2, 0.5, *_buckets_1_2_5(10000)]  # output tokens per second of one request
 
 
 class Metrics:
@@ -67,11 +76,15 @@ class Metrics:
     ) -> None:
         self.registry = registry or CollectorRegistry()
         self._stats = stats
-        self._last_preemptions = 0
+        self._info = info
+        self._totals: dict[str, int] = {}  # engine total -> value already counted
         self._finished = 0
         self._finished_with_hits = 0
-        self._num_blocks = info.num_kv_blocks if info is not None else 0
+        self._in_flight = 0  # generation requests of this process handed to the engine, not ended
+        self._last_end = 0.0  # time.time() the latest of them ended
         r, p = self.registry, METRIC_PREFIX
+        gauge = lambda name, doc: Gauge(p + name, doc, registry=r)  # noqa: E731
+        counter = lambda name, doc: Counter(p + name, doc, registry=r)  # noqa: E731
 
         # requests
         self.requests_number = Counter(p + "requests_number", "Total number of requests received", registry=r)
@@ -82,6 +95,13 @@ class Metrics:
                                           registry=r)
         self.num_requests_waiting = Gauge(p + "num_requests_waiting", "Number of requests currently waiting",
                                           registry=r)
+        self.num_requests_enqueued = gauge("num_requests_enqueued", "Number of requests to be scheduled")
+        self.num_requests_preempted = gauge("num_requests_preempted", "Number of requests currently preempted")
+        # batch
+        self.batch_size = gauge("batch_size", "Real batch size during inference")
+        self.max_batch_size = gauge("max_batch_size", "Maximum batch size determined when service started")
+        self.available_batch_size = gauge("available_batch_size",
+                                          "Number of requests that can still be inserted during the Decode phase")
         # latency
         hist = lambda name, doc, buckets: Histogram(p + name, doc, buckets=buckets, registry=r)  # noqa: E731
         self.ttft = hist("time_to_first_token_seconds", "Time to first token in seconds", _TTFT_BUCKETS)
@@ -106,32 +126,55 @@ class Metrics:
         self.request_params_max_tokens = hist("request_params_max_tokens",
                                               "Histogram of max_tokens parameter in request parameters",
                                               _TOKEN_BUCKETS)
+        self.request_token_ratio = hist("request_token_ratio",
+                                        "Token generation rate per request (output tokens per second)",
+                                        _RATIO_BUCKETS)
         # KV cache
         self.gpu_cache_usage_perc = Gauge(p + "gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage",
                                           registry=r)
         self.free_gpu_block_num = Gauge(p + "free_gpu_block_num", "Number of free blocks in cache", registry=r)
+        self.available_gpu_block_num = gauge("available_gpu_block_num",
+                                             "Number of available gpu blocks in cache, including blocks in LRU list")
         self.max_gpu_block_num = Gauge(p + "max_gpu_block_num", "Number of total blocks determined at startup",
                                        registry=r)
         self.available_gpu_resource = Gauge(p + "available_gpu_resource",
-                                            "Available blocks percentage: free_gpu_block_num / max_gpu_block_num",
+                                            "Available blocks percentage: available_gpu_block_num / usable blocks",
                                             registry=r)
         self.hit_token_rate = Gauge(p + "hit_token_rate", "Token-level prefix cache hit rate", registry=r)
         self.gpu_hit_token_rate = Gauge(p + "gpu_hit_token_rate", "Token-level GPU prefix cache hit rate",
                                         registry=r)
+        self.cpu_hit_token_rate = gauge("cpu_hit_token_rate", "Token-level CPU prefix cache hit rate")
         self.hit_req_rate = Gauge(p + "hit_req_rate", "Request-level prefix cache hit rate", registry=r)
         self.prefix_cache_token_num = Counter(p + "prefix_cache_token_num", "Total number of cached tokens",
                                               registry=r)
+        self.prefix_gpu_cache_token_num = counter("prefix_gpu_cache_token_num", "Total number of cached tokens on GPU")
+        self.prefix_cpu_cache_token_num = counter("prefix_cpu_cache_token_num", "Total number of cached tokens on CPU")
+        self.prefix_storage_cache_token_num = counter("prefix_storage_cache_token_num",
+                                                      "Total number of cached tokens on external cache storage")
+        self.send_cache_failed_num = counter("send_cache_failed_num", "Total number of failures of sending cache")
         self.cache_config_info = Gauge(p + "cache_config_info", "Information of the engine's cache config",
-                                       ["block_size", "num_gpu_blocks", "backend"], registry=r)
+                                       ["block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching",
+                                        "backend"], registry=r)
         if info is not None:
             self.max_gpu_block_num.set(info.num_kv_blocks)
-            self.cache_config_info.labels(str(info.block_size), str(info.num_kv_blocks), info.backend).set(1)
+            if info.max_num_seqs:
+                self.max_batch_size.set(info.max_num_seqs)
+            self.cache_config_info.labels(str(info.block_size), str(info.num_kv_blocks), str(info.num_host_blocks),
+                                          str(info.enable_prefix_caching), info.backend).set(1)
+        self.refresh()  # right before the first request too
 
     def request_received(self) -> None:
+        """A generation request is handed to the engine (pair with ``request_finished``)."""
         self.requests_number.inc()
+        self._in_flight += 1
 
-    def request_finished(self, output: RequestOutput, max_tokens: int | None, aborted: bool = False) -> None:
-        """Record one request's tokens and timings (from its last RequestOutput)."""
+    def request_finished(self, output: RequestOutput | None, max_tokens: int | None, aborted: bool = False) -> None:
+        """A request ended: record its tokens and timings from its last RequestOutput
+        (None: it ended before any output, refused or cut off; only its end counts)."""
+        self._in_flight = max(0, self._in_flight - 1)
+        self._last_end = time.time()
+        if output is None:
+            return
         m = output.metrics
         num_prompt = len(output.prompt_token_ids)
         num_generated = sum(len(o.token_ids) for o in output.outputs)
@@ -141,7 +184,6 @@ class Metrics:
         self.request_generation_tokens.observe(num_generated)
         if max_tokens is not None:
             self.request_params_max_tokens.observe(max_tokens)
-        self.prefix_cache_token_num.inc(output.num_cached_tokens)
         self._finished += 1
         self._finished_with_hits += output.num_cached_tokens > 0
         if not aborted:
@@ -159,6 +201,9 @@ class Metrics:
             self.inference_time.observe(max(0.0, m.last_token_time - m.first_scheduled_time))
         if m.first_scheduled_time is not None and m.first_token_time is not None:
             self.prefill_time.observe(max(0.0, m.first_token_time - m.first_scheduled_time))
+        start = m.first_scheduled_time or m.arrival_time
+        if not aborted and end is not None and end > start and num_generated:
+            self.request_token_ratio.observe(num_generated / (end - start))
         if m.first_token_time is not None and m.last_token_time is not None:
             decode = m.last_token_time - m.first_token_time
             self.decode_time.observe(max(0.0, decode))
@@ -167,25 +212,37 @@ class Metrics:
                 self.tpot.observe(max(0.0, decode) / (per_sample - 1))
 
     def refresh(self) -> None:
-        """Engine gauges from the latest ``EngineStats`` (called at scrape time)."""
+        """Engine gauges and counters from the latest ``EngineStats`` (at scrape time)."""
         if self._finished:
             self.hit_req_rate.set(self._finished_with_hits / self._finished)
-        if self._stats is None:
-            return
-        st = self._stats()
-        self.num_requests_running.set(st.num_running)
-        self.num_requests_waiting.set(st.num_waiting)
-        self.gpu_cache_usage_perc.set(st.kv_cache_usage)
-        self.free_gpu_block_num.set(st.num_free_blocks)
-        if self._num_blocks:
-            self.available_gpu_resource.set(st.num_free_blocks / self._num_blocks)
+        st = self._stats() if self._stats is not None else EngineStats()
+        view = engine_view(st, self._info, self._in_flight, self._last_end)
+        self.num_requests_running.set(view.num_running)
+        self.num_requests_waiting.set(view.num_waiting)
+        self.num_requests_preempted.set(view.num_preempted)
+        self.num_requests_enqueued.set(view.num_enqueued)
+        self.batch_size.set(view.num_running)
+        self.available_batch_size.set(view.available_batch_size)
+        self.gpu_cache_usage_perc.set(view.kv_cache_usage)
+        self.available_gpu_block_num.set(view.available_blocks)
+        self.free_gpu_block_num.set(view.free_blocks)
+        self.available_gpu_resource.set(view.available_resource)
         if st.prefix_cache_queries:
-            rate = st.prefix_cache_hits / st.prefix_cache_queries
-            self.hit_token_rate.set(rate)
-            self.gpu_hit_token_rate.set(rate)
-        if st.num_preemptions > self._last_preemptions:
-            self.request_preempted.inc(st.num_preemptions - self._last_preemptions)
-            self._last_preemptions = st.num_preemptions
+            host = st.prefix_cache_host_hits
+            self.hit_token_rate.set(st.prefix_cache_hits / st.prefix_cache_queries)
+            self.gpu_hit_token_rate.set((st.prefix_cache_hits - host) / st.prefix_cache_queries)
+            self.cpu_hit_token_rate.set(host / st.prefix_cache_queries)
+        self._follow(self.request_preempted, "preemptions", st.num_preemptions)
+        self._follow(self.prefix_cache_token_num, "hits", st.prefix_cache_hits)
+        self._follow(self.prefix_gpu_cache_token_num, "gpu_hits", st.prefix_cache_hits - st.prefix_cache_host_hits)
+        self._follow(self.prefix_cpu_cache_token_num, "cpu_hits", st.prefix_cache_host_hits)
+
+    def _follow(self, counter: Counter, key: str, total: int) -> None:
+        """Advance ``counter`` to an engine total (totals only grow)."""
+        seen = self._totals.get(key, 0)
+        if total > seen:
+            counter.inc(total - seen)
+            self._totals[key] = total
 
     def render(self) -> bytes:
         """The Prometheus text exposition, gauges refreshed."""

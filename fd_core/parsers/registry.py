@@ -67,6 +67,31 @@ class ParserRegistry:
             self._entries[_key(name)] = (display, cls)
         return cls
 
+    def import_tool_parser(self, path: str) -> None:
+        """Run a Python file that registers parsers (``--tool-parser-plugin FILE``,
+        FastDeploy's spelling): it uses ``@ToolParserManager.register_module("name")``.
+        Raises ValueError naming the file when it is missing or fails to import."""
+        import importlib.util
+        import sys
+        from pathlib import Path
+
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise ValueError(f"--tool-parser-plugin {path}: no such file")
+        name = f"fd_core_parser_plugin_{abs(hash(str(file.resolve())))}"
+        if name in sys.modules:
+            return
+        spec = importlib.util.spec_from_file_location(name, file)
+        if spec is None or spec.loader is None:
+            raise ValueError(f"--tool-parser-plugin {path}: not a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            raise ValueError(f"--tool-parser-plugin {path} failed to import: {type(exc).__name__}: {exc}") from None
+
     def __contains__(self, name: object) -> bool:
         _load_plugins()
         return isinstance(name, str) and _key(name) in self._entries

@@ -4,7 +4,10 @@ Owns ``SamplingParams`` (``params``: validated user input, pure Python, safe
 to import in the API process), the per-request ``SamplingState`` and the
 ``Sampler`` that turns a step's logits into tokens (``sampler``), the logits
 processors (``penalties``: logit_bias, bad words, min_tokens, repetition /
-presence / frequency penalties) and logprobs (``logprobs``). The sampling
+presence / frequency penalties; ``logits_processors``: the pluggable
+``--logits-processors`` switched on by ``logits_processors_args``), the
+thinking budget (``reasoning_budget``), the repetition early stop
+(``early_stop``) and logprobs (``logprobs``). The sampling
 kernels themselves (temperature, min-p, top-k, top-p, the draw) are backend
 ops (``fd_core.ops.sampling``), reached through ``Ops.sample``.
 

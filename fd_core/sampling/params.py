@@ -117,6 +117,15 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    # FastDeploy's extras
+    # thinking budget: after this many output tokens still inside the reasoning
+    # (no "</think>" yet), the engine emits "</think>" as the next token
+    reasoning_max_tokens: int | None = None
+    # per-request arguments of the engine's --logits-processors, e.g.
+    # {"logit_bias": {"1234": -5.0}} for LogitBiasLogitsProcessor
+    logits_processors_args: dict[str, Any] | None = None
+    temp_scaled_logprobs: bool = False  # logprobs from logits / temperature
+    top_p_normalized_logprobs: bool = False  # logprobs renormalised over the top-p set
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
@@ -148,7 +157,8 @@ class SamplingParams:
         set_(self, "stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
         set_(self, "bad_words", _strings("bad_words", self.bad_words))
         set_(self, "bad_words_token_ids", self._checked_bad_words_token_ids())
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                     "temp_scaled_logprobs", "top_p_normalized_logprobs"):
             _flag(name, getattr(self, name))
         set_(self, "logprobs", _optional_logprobs("logprobs", self.logprobs))
         set_(self, "prompt_logprobs", _optional_logprobs("prompt_logprobs", self.prompt_logprobs))
@@ -159,21 +169,54 @@ class SamplingParams:
             v = getattr(self, name)
             set_(self, name, _number(name, v, _is_number(v) and -2 <= v <= 2, "in [-2, 2]"))
         set_(self, "logit_bias", self._checked_logit_bias())
+        self._check_reasoning_max_tokens()
+        set_(self, "logits_processors_args", self._checked_logits_processors_args())
+
+    def _check_reasoning_max_tokens(self) -> None:
+        value = self.reasoning_max_tokens
+        if value is None:
+            return
+        _int("reasoning_max_tokens", value, 1, "None or an integer >= 1")
+        if self.max_tokens is not None and value > self.max_tokens:
+            raise ValueError(  # FastDeploy refuses the same
+                f"reasoning_max_tokens must be <= max_tokens, got reasoning_max_tokens={value} "
+                f"and max_tokens={self.max_tokens}"
+            )
+
+    def _checked_logits_processors_args(self) -> dict[str, Any] | None:
+        value = self.logits_processors_args
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError(
+                f"logits_processors_args must be a dict of argument name -> value, got {value!r}"
+            )
+        for key in value:
+            if not isinstance(key, str) or key == "":
+                raise ValueError(
+                    f"logits_processors_args keys must be non-empty strings, got {key!r}"
+                )
+        return dict(value)
 
     def _checked_bad_words_token_ids(self) -> list[list[int]] | None:
+        """A list of token-id lists; FastDeploy's flat list of ids (each a one-token
+        word) and a mix of both are accepted and normalised to lists."""
         value = self.bad_words_token_ids
         if value is None:
             return None
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"bad_words_token_ids must be a list of token-id lists, got {value!r}")
-        for word in value:
+            raise ValueError(
+                f"bad_words_token_ids must be a list of token ids or of token-id lists, got {value!r}"
+            )
+        words: list[Any] = [[item] if _is_int(item) else item for item in value]
+        for item, word in zip(value, words):
             if (not isinstance(word, (list, tuple)) or len(word) == 0
                     or not all(_is_int(t) and t >= 0 for t in word)):
                 raise ValueError(
-                    "bad_words_token_ids must hold non-empty lists of token ids (integers >= 0), "
-                    f"got {word!r} in {value!r}"
+                    "bad_words_token_ids must hold token ids (integers >= 0) or non-empty lists "
+                    f"of them, got {item!r} in {value!r}"
                 )
-        return [[int(t) for t in word] for word in value]
+        return [[int(t) for t in word] for word in words]
 
     def _checked_logit_bias(self) -> dict[int, float] | None:
         value = self.logit_bias

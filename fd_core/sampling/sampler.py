@@ -4,9 +4,13 @@ Order of work in ``Sampler.sample`` (as vLLM v1):
 
 1. raw logprobs are taken from the logits as they come (see ``logprobs``);
 2. ``logit_bias``, then bans (bad words, ``min_tokens``) (``penalties``);
-3. repetition, presence and frequency penalties (``penalties``);
-4. the backend's ``sample`` op: temperature, min-p -> top-k -> top-p and the
-   draw; greedy rows take the argmax of the processed logits.
+3. the engine's ``--logits-processors`` rows switched on (``logits_processors``);
+4. repetition, presence and frequency penalties (``penalties``);
+5. the backend's ``sample`` op: temperature, min-p -> top-k -> top-p and the
+   draw; greedy rows take the argmax of the processed logits;
+6. the thinking budget may replace the drawn token by ``</think>``
+   (``reasoning_budget``); logprobs describe the token finally emitted;
+7. with early stop on, each row's confidence run is updated (``early_stop``).
 
 Reproducibility: every request owns a numpy ``Generator`` (seeded from
 ``seed``, or from OS entropy when it has none) in its ``SamplingState``, and
@@ -28,9 +32,12 @@ import numpy as np
 from fd_core import envs
 from fd_core._paddle import import_paddle
 from fd_core.ops._host import as_array, on_host
+from fd_core.sampling.early_stop import EarlyStopConfig
+from fd_core.sampling.logits_processors import LogitsProcessor, apply_logits_processors
 from fd_core.sampling.logprobs import Logprobs, gather_logprobs
 from fd_core.sampling.params import SamplingParams
 from fd_core.sampling.penalties import apply_bias_and_bans, apply_penalties
+from fd_core.sampling.reasoning_budget import ReasoningBudget, ThinkingTokens, prompt_ends_reasoning
 
 __all__ = ["NUM_UNIFORMS", "Sampler", "SamplerOutput", "SamplingState"]
 
@@ -71,6 +78,10 @@ class SamplingState:
     # token-id sequences: params.bad_words_token_ids plus the engine's
     # tokenization of params.bad_words
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    # the thinking budget, when params.reasoning_max_tokens is set and the
+    # output starts inside reasoning
+    reasoning: ReasoningBudget | None = None
+    confident_steps: int = 0  # early stop: consecutive steps with p(token) > threshold
     _unique_prompt: np.ndarray | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -83,8 +94,12 @@ class SamplingState:
         bad_words_token_ids: Sequence[Sequence[int]] = (),
         output_token_ids: list[int] | None = None,
         vocab_size: int | None = None,
+        thinking: ThinkingTokens | None = None,
     ) -> SamplingState:
         """A request's state, its generator seeded from ``params.seed``.
+
+        ``thinking`` holds the model's ``</think>`` (and ``<think>``) ids; a
+        request with ``reasoning_max_tokens`` needs them (ValueError without).
 
         ``bad_words_token_ids`` are the engine's tokenization of
         ``params.bad_words``; ``params.bad_words_token_ids`` are added to
@@ -108,6 +123,15 @@ class SamplingState:
                     raise ValueError(
                         f"{name} holds token id {out[0]}, outside the vocabulary [0, {vocab_size})"
                     )
+        reasoning = None
+        if params.reasoning_max_tokens is not None:
+            if thinking is None:
+                raise ValueError(
+                    "reasoning_max_tokens needs a model whose tokenizer has a '</think>' token; "
+                    "this one has none, so the reasoning cannot be closed"
+                )
+            if not prompt_ends_reasoning(prompt_token_ids, thinking):
+                reasoning = ReasoningBudget(params.reasoning_max_tokens, thinking.end_id)
         return cls(
             params=params,
             generator=new_generator(params.seed),
@@ -115,6 +139,7 @@ class SamplingState:
             output_token_ids=[] if output_token_ids is None else output_token_ids,
             eos_token_ids=tuple(eos_token_ids),
             bad_words_token_ids=words,
+            reasoning=reasoning,
         )
 
     @property
@@ -135,6 +160,7 @@ class SamplerOutput:
 
     sampled_token_ids: list[int]  # row -> token id
     logprobs: list[Logprobs | None]  # row -> entry when the request asked for logprobs
+    early_stopped: list[bool] = field(default_factory=list)  # row -> early stop triggered
 
 
 class Sampler:
@@ -143,10 +169,15 @@ class Sampler:
     ``method`` is ``"sort"`` or ``"rejection"`` (FD_SAMPLING_CLASS's
     ``"base"`` means ``"sort"``); by default it comes from FD_SAMPLING_CLASS.
     ``vocab_size`` is the tokenizer's: logits columns beyond it (vocabulary
-    padding) are never sampled.
+    padding) are never sampled. ``logits_processors`` are the engine's
+    loaded ``--logits-processors``; ``early_stop`` turns the repetition
+    early stop on.
     """
 
-    def __init__(self, ops: Any, vocab_size: int, method: str | None = None) -> None:
+    def __init__(
+        self, ops: Any, vocab_size: int, method: str | None = None, *,
+        logits_processors: Sequence[LogitsProcessor] = (), early_stop: EarlyStopConfig | None = None,
+    ) -> None:
         if method is None:
             method = envs.get("FD_SAMPLING_CLASS")
         if method not in _METHODS:
@@ -158,6 +189,8 @@ class Sampler:
         self.ops = ops
         self.vocab_size = vocab_size
         self.method = _METHODS[method]
+        self.logits_processors = list(logits_processors)
+        self.early_stop = early_stop
 
     def sample(self, logits: Tensor, requests: Sequence[SamplingState]) -> SamplerOutput:
         """Sample one token per row of ``logits [N, V]``; ``requests[i]`` owns row i.
@@ -179,10 +212,18 @@ class Sampler:
             logits = logits[:, : self.vocab_size]
         raw = logits
         logits = apply_bias_and_bans(logits, requests)
+        if self.logits_processors:
+            logits = apply_logits_processors(self.logits_processors, logits, requests)
         logits = apply_penalties(logits, requests)
         drawn = self._draw(logits, requests)
         tokens = (drawn if isinstance(drawn, np.ndarray) else drawn.numpy()).tolist()
-        return SamplerOutput(tokens, self._logprobs(raw, requests, tokens))
+        for i, state in enumerate(requests):
+            if state.reasoning is not None:
+                tokens[i] = state.reasoning.next_token(state.output_token_ids, tokens[i],
+                                                       state.eos_token_ids)
+        stopped = ([False] * n if self.early_stop is None
+                   else _early_stop(self.early_stop, logits, requests, tokens))
+        return SamplerOutput(tokens, self._logprobs(raw, requests, tokens), stopped)
 
     def _draw(self, logits: Tensor, requests: Sequence[SamplingState]) -> Any:
         greedy = [s.params.greedy for s in requests]
@@ -215,8 +256,28 @@ class Sampler:
     ) -> list[Logprobs | None]:
         rows = [i for i, s in enumerate(requests) if s.params.logprobs is not None]
         entries: list[Logprobs | None] = [None] * len(requests)
+        params = [requests[i].params for i in rows]
+        temperatures = [p.temperature if p.temp_scaled_logprobs and not p.greedy else 1.0
+                        for p in params]
+        top_ps = [p.top_p if p.top_p_normalized_logprobs else 1.0 for p in params]
         found = gather_logprobs(raw, rows, [tokens[i] for i in rows],
-                                [requests[i].params.logprobs or 0 for i in rows])
+                                [p.logprobs or 0 for p in params], temperatures, top_ps)
         for i, entry in zip(rows, found):
             entries[i] = entry
         return entries
+
+
+def _early_stop(config: EarlyStopConfig, logits: Tensor, requests: Sequence[SamplingState],
+                tokens: list[int]) -> list[bool]:
+    """Update each row's run of confident steps; True where it reaches the window."""
+    scale = np.asarray([1.0 if s.params.greedy else s.params.temperature for s in requests],
+                       np.float32)
+    scaled = logits / paddle.to_tensor(scale).unsqueeze(-1)  # [N, V], what the draw sees
+    ids = paddle.to_tensor(np.asarray(tokens, np.int64)).unsqueeze(-1)
+    chosen = paddle.take_along_axis(scaled, ids, axis=-1).squeeze(-1)
+    prob = np.exp((chosen - paddle.logsumexp(scaled, axis=-1)).numpy())  # [N]
+    stopped = []
+    for state, p in zip(requests, prob.tolist()):
+        state.confident_steps = state.confident_steps + 1 if p > config.threshold else 0
+        stopped.append(state.confident_steps >= config.window_size)
+    return stopped

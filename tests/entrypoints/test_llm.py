@@ -104,7 +104,7 @@ def test_logprobs_and_prompt_logprobs(llm):
 def test_bad_inputs_are_named(llm):
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1)
-    with pytest.raises(ValueError, match="300 tokens.*--max-model-len is 256"):
+    with pytest.raises(ValueError, match=r"prompt 0 \(of 1\): the prompt has 300 tokens.*--max-model-len is 256"):
         llm.generate([[100] * 300], SamplingParams(max_tokens=2), use_tqdm=False)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate([[10**7]], SamplingParams(max_tokens=2), use_tqdm=False)

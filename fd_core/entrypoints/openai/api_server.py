@@ -33,7 +33,7 @@ from fd_core.tokenizer.chat_template import load_chat_template
 __all__ = ["ServerArgs", "build_app", "build_metrics_app"]
 
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")  # /health, /version, /metrics stay open
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/config-info")  # /health, /version, /metrics stay open
 
 
 @dataclass(frozen=True)
@@ -41,16 +41,30 @@ class ServerArgs:
     """What the HTTP layer needs from the command line (FastDeploy's flag names)."""
 
     served_model_names: tuple[str, ...] = ()  # --served-model-name; empty: the model directory
-    api_key: str | None = None  # --api-key / FD_API_KEY: Bearer token for /v1/*, /tokenize, /detokenize
+    # --api-key (repeatable) / FD_API_KEY="k1,k2": any of them opens /v1/*, /tokenize, /detokenize
+    api_keys: tuple[str, ...] = ()
+    api_key: str | None = None  # one more key (the former single-key field); merged into api_keys
     max_concurrency: int | None = None  # --max-concurrency: generation requests in flight; more get 429
     reasoning_parser: str | None = None  # --reasoning-parser, e.g. ernie_x1
     tool_call_parser: str | None = None  # --tool-call-parser, e.g. ernie_x1
     metrics_port: int | None = None  # --metrics-port: /metrics on its own app (build_metrics_app)
     max_model_len: int | None = None  # default: the engine's
     chat_template: str | None = None  # --chat-template: a .jinja path or the template text
+    # False (--disallow-request-chat-template): a request's own chat_template is a 400
+    allow_request_chat_template: bool = True
+    tool_parser_plugin: str | None = None  # --tool-parser-plugin FILE: run before parsers are resolved
+    max_logprobs: int = 20  # --max-logprobs: top logprobs a request may ask for (the engine checks too)
+    max_waiting_time: float | None = None  # --max-waiting-time: seconds to the first output, else 408
     extra: dict[str, Any] = field(default_factory=dict)  # room for flags this layer ignores
 
     def __post_init__(self) -> None:
+        keys = (self.api_keys,) if isinstance(self.api_keys, str) else tuple(self.api_keys)
+        if self.api_key is not None:
+            keys += (self.api_key,)
+        for key in keys:
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"--api-key must be a non-empty string, got {key!r}")
+        object.__setattr__(self, "api_keys", tuple(dict.fromkeys(keys)))  # frozen: normalised once, here
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -89,17 +103,19 @@ class SSEResponse(StreamingResponse):
 
 
 class APIKeyMiddleware:
-    """401 for protected paths without ``Authorization: Bearer <api key>``."""
+    """401 for protected paths without ``Authorization: Bearer <key>`` for one of ``api_keys``
+    (each compared in constant time, all of them every time)."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...]) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = [f"Bearer {key}".encode() for key in api_keys]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] == "http" and scope["method"] != "OPTIONS"
                 and scope["path"].startswith(PROTECTED_PREFIXES)):
             given = dict(scope["headers"]).get(b"authorization", b"")
-            if not secrets.compare_digest(given, self.expected):
+            matches = [secrets.compare_digest(given, expected) for expected in self.expected]
+            if not any(matches):
                 response = error_response(
                     "Unauthorized: this server needs an API key, sent as 'Authorization: Bearer <key>'"
                     if not given else "Unauthorized: the API key is not valid", 401)
@@ -144,6 +160,10 @@ def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> Fa
     names = list(args.served_model_names) or [client.info.model_dir]
     max_model_len = args.max_model_len or client.info.max_model_len
     chat_template = load_chat_template(args.chat_template) if args.chat_template else None
+    if args.tool_parser_plugin:
+        from fd_core.entrypoints.llm_inputs import import_plugin_file
+
+        import_plugin_file(args.tool_parser_plugin)  # registers its parsers before they are looked up
     reasoning_cls = resolve_parser("reasoning", args.reasoning_parser)
     tool_cls = resolve_parser("tool-call", args.tool_call_parser)
     metrics = Metrics(stats=client.stats, info=client.info)
@@ -152,10 +172,13 @@ def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> Fa
     app.state.fd = AppState(
         client=client, tokenizer=client.tokenizer, served_model_names=names, max_model_len=max_model_len,
         metrics=metrics,
-        chat=OpenAIServingChat(client, names, max_model_len, metrics, reasoning_cls, tool_cls, chat_template),
+        chat=OpenAIServingChat(client, names, max_model_len, metrics, reasoning_cls, tool_cls, chat_template,
+                               args.allow_request_chat_template),
         completion=OpenAIServingCompletion(client, names, max_model_len, metrics),
         started=time.time(),
     )
+    app.state.fd.chat.max_logprobs = app.state.fd.completion.max_logprobs = args.max_logprobs
+    app.state.fd.chat.max_waiting_time = app.state.fd.completion.max_waiting_time = args.max_waiting_time
     install_error_handlers(app)
     app.include_router(misc_router())
 
@@ -171,8 +194,8 @@ def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> Fa
         app.add_api_route("/metrics", _metrics_endpoint(metrics), methods=["GET"], include_in_schema=False)
     if args.max_concurrency is not None:
         app.add_middleware(ConcurrencyLimitMiddleware, limit=args.max_concurrency)
-    if args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)  # outermost: 401 before 429
+    if args.api_keys:
+        app.add_middleware(APIKeyMiddleware, api_keys=args.api_keys)  # outermost: 401 before 429
     return app
 
 

@@ -82,16 +82,25 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     """A readable message naming each bad field, and the first field's name."""
     problems: dict[str, list[str]] = {}  # field -> what is wrong with it (union members give several)
     inputs: dict[str, Any] = {}
+    unknown: list[str] = []  # fields the request model does not declare (values never echoed)
     for err in exc.errors():
         if err.get("type") == "json_invalid":
             ctx = err.get("ctx") or {}
             return f"The request body is not valid JSON: {ctx.get('error', err.get('msg'))}", None
         name = _loc_name(tuple(err.get("loc", ())))
+        if err.get("type") == "extra_forbidden":
+            unknown.append(name)
+            continue
         msgs = problems.setdefault(name, [])
         if err.get("msg") not in msgs:
             msgs.append(str(err.get("msg")))
         if err.get("type") != "missing":
             inputs.setdefault(name, err.get("input"))
+    if unknown:
+        names = ", ".join(f"'{n}'" for n in unknown[:8])
+        one = len(unknown) == 1
+        return (f"Unknown field{'' if one else 's'} {names} in the request body; fd-core does not "
+                f"support {'it' if one else 'them'}"), unknown[0]
     if not problems:
         return "Invalid request", None
     parts = []

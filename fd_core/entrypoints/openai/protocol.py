@@ -1,17 +1,22 @@
 """Request models of the OpenAI API, with vLLM's and FastDeploy's extra fields.
 
-Unknown fields are ignored (as vLLM does), a known field of the wrong type
-fails validation and becomes a 400 that names it. Value checks beyond types
-(ranges, max_tokens fitting the context) happen when the request is turned
-into SamplingParams, whose ValueErrors name the field too. Responses are
-built as plain dicts by the serving modules, in OpenAI's exact shape.
+Every field a request may carry is declared here. An undeclared top-level
+field is a 400 naming it ("Unknown field 'foo' ..."), never ignored; chat
+messages and tool definitions keep extra keys (they reach the chat
+template). Fields fd-core knows by name but does not implement yet are
+declared too and refused by ``unsupported.check_refused`` unless they hold
+their no-op value (``guided_json: null``, ``store: false``). A known field
+of the wrong type fails validation and becomes a 400 that names it; value
+checks beyond types happen when the request becomes SamplingParams, whose
+ValueErrors name the field too. Responses are plain dicts built by the
+serving modules, in OpenAI's exact shape.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 __all__ = [
     "ChatCompletionRequest",
@@ -27,15 +32,18 @@ __all__ = [
 
 
 class OpenAIBaseModel(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = True  # a usage chunk (empty choices) before [DONE]
     continuous_usage_stats: bool = False  # usage on every chunk as well
+    include_obfuscation: bool | None = None  # OpenAI's padding of deltas; no effect (nothing is padded)
 
 
 class FunctionDefinition(OpenAIBaseModel):
+    model_config = ConfigDict(extra="allow")  # extra keys reach the chat template
+
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
@@ -43,6 +51,8 @@ class FunctionDefinition(OpenAIBaseModel):
 
 
 class Tool(OpenAIBaseModel):
+    model_config = ConfigDict(extra="allow")
+
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
@@ -57,7 +67,12 @@ class NamedToolChoice(OpenAIBaseModel):
 
 
 class ResponseFormat(OpenAIBaseModel):
-    type: Literal["text", "json_object", "json_schema"]
+    """Only ``text`` is served; any other type (json_object, json_schema,
+    FastDeploy's structural_tag) is refused by name until structured output exists."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
     json_schema: dict[str, Any] | None = None
 
 
@@ -89,28 +104,58 @@ class SamplingFields(OpenAIBaseModel):
     stream_options: StreamOptions | None = None
     temperature: float | None = None
     top_p: float | None = None
-    user: str | None = None
+    user: str | None = None  # a tag for the caller's records; no effect on generation
     # vLLM / FastDeploy extras
     top_k: int | None = None
     min_p: float | None = None
-    min_tokens: int = 0
+    min_tokens: int | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[StrictInt] | None = None
     bad_words: list[str] | None = None
-    bad_words_token_ids: list[list[StrictInt]] | None = None
+    # FastDeploy's flat list (each id a one-token word) or vLLM's list of token-id lists
+    bad_words_token_ids: list[StrictInt] | list[list[StrictInt]] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     ignore_eos: bool = False
     prompt_logprobs: int | None = None
+    include_logprobs_decode_token: bool = True  # False: prompt_logprobs carry no decoded_token
+    temp_scaled_logprobs: bool = False  # logprobs of logits / temperature
+    top_p_normalized_logprobs: bool = False  # logprobs renormalised over the top-p set
+    logits_processors_args: dict[str, Any] | None = None  # arguments of the server's --logits-processors
     return_token_ids: bool = False  # prompt_token_ids / completion_token_ids in the answer
     max_streaming_response_tokens: int | None = Field(default=None, ge=1)  # tokens per chunk
     request_id: str | None = None  # FastDeploy: the caller's id, prefixed by ours
+    trace_context: str | None = None  # FastDeploy's tracing context; no effect (fd-core has no tracing)
+    # known, refused unless no-op (unsupported.py says why)
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_json_object: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
+    structural_tag: Any = None
+    structured_outputs: Any = None
+    mm_hashes: Any = None
+    mm_processor_kwargs: Any = None
+    include_draft_logprobs: Any = None
+    disaggregate_info: Any = None
+    collect_metrics: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """``"n": null`` means the default (FastDeploy and vLLM type most fields Optional)."""
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items()
+                    if v is not None or k not in cls.model_fields or cls.model_fields[k].default is None}
+        return data
 
     def sampling_kwargs(self) -> dict[str, Any]:
         """SamplingParams keyword arguments for the fields set; max_tokens is
         decided by the caller (it depends on the prompt length)."""
         kwargs: dict[str, Any] = dict(
-            n=self.n, seed=self.seed, stop=self.stop or [], min_tokens=self.min_tokens,
+            n=self.n, seed=self.seed, stop=self.stop or [], min_tokens=self.min_tokens or 0,
             stop_token_ids=self.stop_token_ids or [], bad_words=self.bad_words or [],
             bad_words_token_ids=self.bad_words_token_ids,
             include_stop_str_in_output=self.include_stop_str_in_output,
@@ -118,10 +163,13 @@ class SamplingFields(OpenAIBaseModel):
             prompt_logprobs=self.prompt_logprobs, logit_bias=self.logit_bias,
         )
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                     "presence_penalty", "frequency_penalty"):
+                     "presence_penalty", "frequency_penalty", "logits_processors_args"):
             value = getattr(self, name)
             if value is not None:
                 kwargs[name] = value
+        for name in ("temp_scaled_logprobs", "top_p_normalized_logprobs"):
+            if getattr(self, name):
+                kwargs[name] = True
         return kwargs
 
     @property
@@ -134,17 +182,50 @@ class SamplingFields(OpenAIBaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage]  # may be empty when prompt_token_ids is given
     logprobs: bool = False
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = None  # accepted; calls are never constrained to one
     response_format: ResponseFormat | None = None
+    metadata: dict[str, Any] | None = None  # tags; keys naming a request field set it (FastDeploy)
+    store: Any = None  # false is accepted: nothing is stored
+    service_tier: Any = None  # "auto" / "default" accepted: there is one tier
+    modalities: Any = None  # ["text"] accepted
+    prompt_cache_key: str | None = None  # accepted: prefix caching is automatic
+    safety_identifier: str | None = None  # a tag, like user
     # chat template controls (vLLM / FastDeploy)
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
+    enable_thinking: bool | None = None  # FastDeploy: the same as chat_template_kwargs.enable_thinking
+    chat_template: str | None = None  # this request's jinja template (server may forbid it)
     add_generation_prompt: bool = True
+    disable_chat_template: bool = False  # the single message's text is the prompt, untemplated
+    prompt_token_ids: list[StrictInt] | None = None  # the prompt as ids: no template, messages unused
+    completion_token_ids: list[StrictInt] | None = None  # appended to the prompt (a started answer)
+    reasoning_max_tokens: int | None = None  # thinking budget (SamplingParams.reasoning_max_tokens)
+    response_max_tokens: int | None = Field(default=None, ge=1)  # FastDeploy: caps max_tokens when not thinking
+    # known, refused unless no-op
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    verbosity: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _metadata_fields(cls, data: Any) -> Any:
+        """FastDeploy reads request fields from ``metadata`` too (``{"enable_thinking": false}``);
+        a field given at the top level wins. Other metadata keys are tags."""
+        if isinstance(data, dict) and isinstance(data.get("metadata"), dict):
+            fields = {k: v for k, v in data["metadata"].items()
+                      if k in cls.model_fields and k not in data and k != "metadata"}
+            if fields:
+                data = {**data, **fields}
+        return data
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]
@@ -156,10 +237,13 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]] | None = None
+    # FastDeploy: the prompt(s) as ids; wins over prompt when both are given
+    prompt_token_ids: list[StrictInt] | list[list[StrictInt]] | None = None
+    best_of: int | None = None  # sample best_of, answer the n with the highest cumulative logprob
     echo: bool = False
     logprobs: int | None = None
-    suffix: str | None = None  # not supported: a 400 says so
+    suffix: Any = None  # refused (OpenAI: text after the insertion; FastDeploy: a dict of extra fields)
     max_tokens: int | None = 16  # OpenAI's and vLLM's default for completions
 
 

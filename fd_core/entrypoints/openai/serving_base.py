@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ __all__ = ["OpenAIServing", "merge_streams", "random_id", "sse"]
 logger = logging.getLogger("fd_core.entrypoints.openai")
 
 MAX_N = 128  # samples per prompt (OpenAI's limit): one request cannot flood the engine
+_UNEXPECTED_KWARG = re.compile(r"unexpected keyword argument '(\w+)'")
 
 
 def random_id(prefix: str, user_id: str | None = None) -> str:
@@ -80,12 +82,17 @@ class OpenAIServing:
         self.served_model_names = served_model_names
         self.max_model_len = max_model_len
         self.metrics = metrics
+        self.max_logprobs = 20  # --max-logprobs (set by build_app)
+        self.max_waiting_time: float | None = None  # --max-waiting-time, seconds (set by build_app)
 
     # ---- request checks -----------------------------------------------------------
     def check_model(self, model: str | None) -> str:
-        """The model name to answer with; 404 for a name this server does not serve."""
-        if model is None or model == "" or model in self.served_model_names:
-            return model or self.served_model_names[0]
+        """The model name to answer with; 404 for a name this server does not serve
+        (FastDeploy's ``"default"`` names the first served model)."""
+        if model is None or model in ("", "default"):
+            return self.served_model_names[0]
+        if model in self.served_model_names:
+            return model
         raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
 
     def max_tokens_for(self, prompt_len: int, requested: int | None, field: str = "max_tokens",
@@ -111,22 +118,35 @@ class OpenAIServing:
                 f"completion). Please reduce the length of the {what} or completion.", 400, field)
         return requested
 
-    def sampling_params(self, request: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, request: SamplingFields, max_tokens: int, logprobs: int | None,
+                        **extra: Any) -> SamplingParams:
+        """The request's SamplingParams (``extra``: endpoint-specific keyword arguments);
+        a bad value is a 400 naming its field."""
         if request.n > MAX_N:
             raise OpenAIError(f"n must be at most {MAX_N}, got {request.n}", 400, "n")
-        kwargs = request.sampling_kwargs()
+        kwargs = {**request.sampling_kwargs(), **extra}
         vocab = len(self.tokenizer)
         if isinstance(kwargs.get("top_k"), int) and kwargs["top_k"] >= vocab:
             kwargs["top_k"] = 0  # keeping the whole vocabulary is no top-k at all
         try:
             params = SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
         except (ValueError, TypeError) as exc:
+            unknown = _UNEXPECTED_KWARG.search(str(exc))  # a field this SamplingParams does not have
+            if unknown:
+                raise OpenAIError(f"{unknown.group(1)} is not supported by this engine", 400,
+                                  unknown.group(1)) from None
             message = str(exc)
             raise OpenAIError(message, 400, message.split(" ", 1)[0]) from None
+        for name, asked in (("top_logprobs" if hasattr(request, "top_logprobs") else "logprobs", params.logprobs),
+                            ("prompt_logprobs", params.prompt_logprobs)):
+            if asked is not None and asked > self.max_logprobs:
+                raise OpenAIError(f"{name} {asked} is more than this server allows: at most {self.max_logprobs} "
+                                  "(--max-logprobs)", 400, name)
         # token ids the sampler indexes with must exist: checked here, never in the engine's loop
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         self.check_token_ids(list(params.logit_bias or {}), "logit_bias")
-        self.check_token_ids([t for word in params.bad_words_token_ids or [] for t in word], "bad_words_token_ids")
+        words = params.bad_words_token_ids or []
+        self.check_token_ids([t for w in words for t in ([w] if isinstance(w, int) else w)], "bad_words_token_ids")
         return params
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
@@ -159,15 +179,26 @@ class OpenAIServing:
                 else:
                     logger.info("%s aborted after %d output tokens", request_id,
                                 sum(len(o.token_ids) for o in last.outputs))
+            else:  # refused, timed out or cut before its first output: only its end counts
+                self.metrics.request_finished(None, params.max_tokens, aborted=True)
 
-    @staticmethod
-    async def first_output(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
-        """The first output; an engine refusal becomes a 400 before any byte is sent."""
+    async def first_output(self, stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+        """The first output; an engine refusal becomes a 400 before any byte is sent.
+        With --max-waiting-time, a request not served by then (queued, then
+        prefilled) is aborted and answered 408, as FastDeploy answers a request
+        that waited too long for a slot."""
         try:
-            return await stream.__anext__()
+            if self.max_waiting_time is None:
+                return await stream.__anext__()
+            return await asyncio.wait_for(stream.__anext__(), self.max_waiting_time)
         except RequestError as exc:
             await stream.aclose()  # type: ignore[attr-defined]
             raise OpenAIError(str(exc), 400) from None
+        except asyncio.TimeoutError:
+            await stream.aclose()  # type: ignore[attr-defined]
+            raise OpenAIError(
+                f"The request waited more than {self.max_waiting_time:g} s (--max-waiting-time) to be served; "
+                "the server is busy, retry later", 408) from None
 
     # ---- answer pieces ------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
@@ -212,11 +243,14 @@ class OpenAIServing:
             out["top_logprobs"].append({self.token_text(tid): _finite(lp.logprob) for tid, lp in ranked} or None)
         return out
 
-    def prompt_logprobs(self, token_ids: list[int], logprobs: list[PositionLogprobs | None]) -> list[dict | None]:
-        """vLLM's ``prompt_logprobs``: per prompt position, token id -> logprob, rank, text."""
+    def prompt_logprobs(self, token_ids: list[int], logprobs: list[PositionLogprobs | None],
+                        decode: bool = True) -> list[dict | None]:
+        """vLLM's ``prompt_logprobs``: per prompt position, token id -> logprob, rank, text
+        (``decode=False``: FastDeploy's include_logprobs_decode_token=false, no text)."""
         return [
             None if position is None else {
-                str(tid): {"logprob": _finite(lp.logprob), "rank": lp.rank, "decoded_token": self.token_text(tid)}
+                str(tid): {"logprob": _finite(lp.logprob), "rank": lp.rank,
+                           "decoded_token": self.token_text(tid) if decode else None}
                 for tid, lp in position.items()
             }
             for _, position in zip(token_ids, logprobs)

@@ -10,9 +10,11 @@ from typing import Any
 from fd_core.engine.client import EngineClient
 from fd_core.engine.outputs import RequestOutput
 from fd_core.entrypoints.openai.chat_parsing import ChoiceParser
+from fd_core.entrypoints.openai.chat_prompt import chat_prompt_ids, render_chat
 from fd_core.entrypoints.openai.errors import OpenAIError, error_body
 from fd_core.entrypoints.openai.protocol import ChatCompletionRequest
 from fd_core.entrypoints.openai.serving_base import OpenAIServing, random_id, sse, usage
+from fd_core.entrypoints.openai.unsupported import check_refused
 from fd_core.metrics import Metrics
 from fd_core.sampling.params import SamplingParams
 
@@ -20,46 +22,36 @@ __all__ = ["OpenAIServingChat", "render_chat"]
 
 logger = logging.getLogger("fd_core.entrypoints.openai")
 
-# apply_chat_template's own parameters: never taken from chat_template_kwargs
-_RESERVED_TEMPLATE_KWARGS = {"messages", "add_generation_prompt", "tools", "tokenize", "chat_template"}
-
-
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                tools: list[dict[str, Any]] | None, kwargs: dict[str, Any] | None,
-                chat_template: str | None) -> str:
-    """The prompt text; a template error is a 400 carrying the template's message."""
-    extra = {k: v for k, v in (kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
-    try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                             chat_template=chat_template, **extra)
-    except Exception as exc:  # jinja errors, raise_exception() in the template, bad content types
-        raise OpenAIError(f"The chat template could not render these messages: {type(exc).__name__}: {exc}",
-                          400, "messages") from None
-
 
 class OpenAIServingChat(OpenAIServing):
     def __init__(self, client: EngineClient, served_model_names: list[str], max_model_len: int,
                  metrics: Metrics, reasoning_parser: type | None = None, tool_parser: type | None = None,
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, allow_request_chat_template: bool = True) -> None:
         super().__init__(client, served_model_names, max_model_len, metrics)
         self.reasoning_parser = reasoning_parser
         self.tool_parser = tool_parser
         self.chat_template = chat_template
+        self.allow_request_chat_template = allow_request_chat_template
 
     async def create(self, request: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
         """The response dict, or the SSE event strings when ``request.stream``."""
         arrival = time.time()
         model = self.check_model(request.model)
+        check_refused(request)
         self._check_unsupported(request)
-        prompt = render_chat(self.tokenizer, request.template_messages(), request.add_generation_prompt,
-                             request.template_tools(), request.chat_template_kwargs, self.chat_template)
-        prompt_ids = self.tokenizer.encode(prompt)
+        self.check_token_ids(request.prompt_token_ids or [], "prompt_token_ids")
+        self.check_token_ids(request.completion_token_ids or [], "completion_token_ids")
+        prompt_ids = chat_prompt_ids(request, self.tokenizer, self.chat_template, self.allow_request_chat_template)
         field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         max_tokens = self.max_tokens_for(len(prompt_ids), requested, field)
+        if request.response_max_tokens is not None:
+            max_tokens = min(max_tokens, self._response_budget(request.response_max_tokens, prompt_ids))
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs set to true", 400, "top_logprobs")
-        params = self.sampling_params(request, max_tokens, (request.top_logprobs or 0) if request.logprobs else None)
+        extra = {} if request.reasoning_max_tokens is None else {"reasoning_max_tokens": request.reasoning_max_tokens}
+        params = self.sampling_params(request, max_tokens, (request.top_logprobs or 0) if request.logprobs else None,
+                                      **extra)
         request_id = random_id("chatcmpl", request.request_id)
         stream = self.generate(request_id, prompt_ids, params, arrival)
         first = await self.first_output(stream)
@@ -75,6 +67,17 @@ class OpenAIServingChat(OpenAIServing):
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
         return self._response(request, request_id, model, params, final, parsers)
+
+    def _response_budget(self, response_max_tokens: int, prompt_ids: list[int]) -> int:
+        """FastDeploy's response_max_tokens: a cap on max_tokens when the model answers without
+        thinking; with thinking on it would bound only the answer, which fd-core cannot do yet."""
+        thinking = (self.reasoning_parser is not None
+                    and not self.reasoning_parser(self.tokenizer).is_reasoning_end(prompt_ids))
+        if thinking:
+            raise OpenAIError("response_max_tokens applies only when thinking is off (enable_thinking=false); "
+                              "with thinking on bound the reasoning with reasoning_max_tokens and the whole "
+                              "output with max_tokens", 400, "response_max_tokens")
+        return response_max_tokens
 
     @staticmethod
     def _check_unsupported(request: ChatCompletionRequest) -> None:
@@ -107,7 +110,8 @@ class OpenAIServingChat(OpenAIServing):
                       "finish_reason": "tool_calls" if parser.tools_called else c.finish_reason,
                       "stop_reason": c.stop_reason}
             if params.prompt_logprobs is not None and final.prompt_logprobs is not None:
-                choice["prompt_logprobs"] = self.prompt_logprobs(final.prompt_token_ids, final.prompt_logprobs)
+                choice["prompt_logprobs"] = self.prompt_logprobs(final.prompt_token_ids, final.prompt_logprobs,
+                                                                request.include_logprobs_decode_token)
             choices.append(choice)
         return {
             "id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,

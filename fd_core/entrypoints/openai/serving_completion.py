@@ -2,6 +2,9 @@
 
 A batch of P prompts with ``n`` samples answers P*n choices; choice
 ``p * n + i`` is sample ``i`` of prompt ``p`` (OpenAI's and vLLM's order).
+With ``best_of`` > n each prompt draws best_of samples and answers the n
+with the highest cumulative logprob, best first (vLLM's former behaviour);
+usage counts every sample drawn, as OpenAI bills it.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from fd_core.engine.outputs import CompletionOutput, RequestOutput
 from fd_core.entrypoints.openai.errors import OpenAIError, error_body
 from fd_core.entrypoints.openai.protocol import CompletionRequest
 from fd_core.entrypoints.openai.serving_base import (
+    MAX_N,
     OpenAIServing,
     merge_streams,
     random_id,
     sse,
     usage,
 )
+from fd_core.entrypoints.openai.unsupported import check_refused
 from fd_core.sampling.params import SamplingParams
 
 __all__ = ["OpenAIServingCompletion"]
@@ -30,38 +35,60 @@ logger = logging.getLogger("fd_core.entrypoints.openai")
 
 class OpenAIServingCompletion(OpenAIServing):
     def prompts_of(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
-        """(text or None, token ids) per prompt of the request."""
-        prompt = request.prompt
+        """(text or None, token ids) per prompt of the request; FastDeploy's
+        ``prompt_token_ids`` (one list or a batch) win over ``prompt``."""
+        prompt: Any = request.prompt_token_ids or request.prompt
+        field = "prompt_token_ids" if request.prompt_token_ids else "prompt"
+        if prompt is None:
+            raise OpenAIError("prompt is required (or prompt_token_ids)", 400, "prompt")
         if isinstance(prompt, str):
             items: list[str | list[int]] = [prompt]
         elif len(prompt) == 0:
             raise OpenAIError("prompt must not be empty", 400, "prompt")
         elif all(isinstance(p, int) for p in prompt):
-            items = [list(prompt)]  # type: ignore[arg-type]
+            items = [list(prompt)]
         else:
-            items = list(prompt)  # type: ignore[arg-type]
+            items = list(prompt)
         out: list[tuple[str | None, list[int]]] = []
         for item in items:
             if isinstance(item, str):
                 out.append((item, self.tokenizer.encode(item)))
             else:
-                self.check_token_ids(item, "prompt")
+                self.check_token_ids(item, field)
                 out.append((None, list(item)))
         return out
+
+    def best_of(self, request: CompletionRequest) -> int:
+        """Samples to draw per prompt: ``best_of`` (>= n; not with streaming), else n."""
+        best_of = request.best_of
+        if best_of is None or best_of == request.n:
+            return request.n
+        if best_of < request.n:
+            raise OpenAIError(f"best_of must be >= n, got best_of={best_of} and n={request.n}", 400, "best_of")
+        if best_of > MAX_N:
+            raise OpenAIError(f"best_of must be at most {MAX_N}, got {best_of}", 400, "best_of")
+        if request.stream:
+            raise OpenAIError("best_of greater than n cannot be streamed: the best samples are known only "
+                              "when all have finished", 400, "best_of")
+        return best_of
 
     async def create(self, request: CompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
         arrival = time.time()
         model = self.check_model(request.model)
-        if request.suffix is not None:
-            raise OpenAIError("suffix is not supported", 400, "suffix")
+        check_refused(request)
         prompts = self.prompts_of(request)
-        params_list = []
+        samples = self.best_of(request)
+        params_list = []  # as the answer shows them (n, the logprobs asked for)
+        engine_params = []  # as generated: best_of samples, with logprobs to rank them by
         for _, ids in prompts:
             max_tokens = self.max_tokens_for(len(ids), request.max_tokens, "max_tokens", "prompt")
-            params_list.append(self.sampling_params(request, max_tokens, request.logprobs))
+            params = self.sampling_params(request, max_tokens, request.logprobs)
+            params_list.append(params)
+            engine_params.append(params if samples == params.n else params.replace(
+                n=samples, logprobs=params.logprobs if params.logprobs is not None else 0))
         base_id = random_id("cmpl", request.request_id)
         streams = [self.generate(base_id if len(prompts) == 1 else f"{base_id}-{p}", ids, params, arrival)
-                   for p, ((_, ids), params) in enumerate(zip(prompts, params_list))]
+                   for p, ((_, ids), params) in enumerate(zip(prompts, engine_params))]
         firsts = []
         try:
             for s in streams:  # refusals become a 400 before anything is sent
@@ -76,12 +103,12 @@ class OpenAIServingCompletion(OpenAIServing):
         finals = list(firsts)
         async for p, out in merge_streams(streams):
             finals[p] = out
+        n_out = sum(len(c.token_ids) for f in finals for c in f.outputs)  # best_of: every sample drawn
         choices = []
         for p, final in enumerate(finals):
-            for c in final.outputs:
-                choices.append(self._choice(request, params_list[p], prompts[p], final, c, p * n + c.index))
+            for i, c in enumerate(_best(final.outputs, n)):
+                choices.append(self._choice(request, params_list[p], prompts[p], final, c, p * n + i))
         n_prompt = sum(len(f.prompt_token_ids) for f in finals)
-        n_out = sum(len(c.token_ids) for f in finals for c in f.outputs)
         return {"id": base_id, "object": "text_completion", "created": int(time.time()), "model": model,
                 "choices": choices,
                 "usage": usage(n_prompt, n_out, sum(f.num_cached_tokens for f in finals))}
@@ -104,7 +131,8 @@ class OpenAIServingCompletion(OpenAIServing):
             choice["prompt_token_ids"] = final.prompt_token_ids
             choice["completion_token_ids"] = token_ids
         if params.prompt_logprobs is not None and final.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = self.prompt_logprobs(final.prompt_token_ids, final.prompt_logprobs)
+            choice["prompt_logprobs"] = self.prompt_logprobs(final.prompt_token_ids, final.prompt_logprobs,
+                                                             request.include_logprobs_decode_token)
         return choice
 
     async def _stream(self, request: CompletionRequest, request_id: str, model: str, params: SamplingParams,
@@ -182,3 +210,12 @@ class OpenAIServingCompletion(OpenAIServing):
             for s in streams:
                 await s.aclose()  # type: ignore[attr-defined]
         yield sse("[DONE]")
+
+
+def _best(outputs: list[CompletionOutput], n: int) -> list[CompletionOutput]:
+    """The ``n`` samples with the highest cumulative logprob, best first (all, in order, when n covers them)."""
+    if len(outputs) <= n:
+        return outputs
+    ranked = sorted(outputs, key=lambda c: c.cumulative_logprob if c.cumulative_logprob is not None else float("-inf"),
+                    reverse=True)
+    return ranked[:n]

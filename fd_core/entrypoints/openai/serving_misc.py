@@ -1,7 +1,9 @@
-"""``/v1/models``, ``/tokenize``, ``/detokenize``, ``/health``, ``/version`` (vLLM's shapes)."""
+"""``/v1/models``, ``/tokenize``, ``/detokenize``, ``/health``, ``/version`` (vLLM's shapes),
+``/ping`` and ``/config-info`` (FastDeploy's)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -9,11 +11,12 @@ from fastapi.responses import Response
 
 import fd_core
 from fd_core.engine.client import EngineDeadError
+from fd_core.entrypoints.openai.config_info import config_info, fallback_config_info
 from fd_core.entrypoints.openai.errors import OpenAIError, error_response
 from fd_core.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
 from fd_core.entrypoints.openai.serving_chat import render_chat
 
-__all__ = ["misc_router"]
+__all__ = ["config_info", "misc_router"]
 
 
 def _state(request: Request) -> Any:
@@ -30,6 +33,19 @@ def misc_router() -> APIRouter:
         except EngineDeadError as exc:
             return error_response(f"The engine is not serving: {exc}", 503)
         return Response(status_code=200)
+
+    # FastDeploy's (and SageMaker's) liveness probe: the same answer as /health
+    router.add_api_route("/ping", health, methods=["GET", "POST"])
+
+    @router.get("/config-info")
+    async def config(request: Request) -> dict[str, Any]:
+        st = _state(request)
+        stored = getattr(request.app.state, "config_info", None)
+        out = dict(stored) if stored is not None else fallback_config_info(st)
+        out["engine"] = dataclasses.asdict(st.client.info)  # what the running engine chose
+        out.setdefault("served_model_names", list(st.served_model_names))
+        out.setdefault("max_model_len", st.max_model_len)
+        return out
 
     @router.get("/version")
     async def version() -> dict[str, str]:

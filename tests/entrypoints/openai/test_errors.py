@@ -78,7 +78,8 @@ async def test_bad_requests_get_a_4xx_naming_the_problem(http, stream):
     for path, body, status, words, param in BAD_REQUESTS:
         if stream and path not in (CHAT, COMPLETIONS):
             continue
-        r = await http.post(path, json={**body, "stream": stream} if "stream" not in body else body)
+        generation = path in (CHAT, COMPLETIONS) and "stream" not in body
+        r = await http.post(path, json={**body, "stream": stream} if generation else body)
         error = assert_error(r, status, *words)
         assert error["param"] == param, (body, error)
     # and the engine still serves
@@ -97,9 +98,18 @@ async def test_malformed_json_and_wrong_content(http):
     assert_error(r, 404)
 
 
-async def test_unknown_fields_are_ignored(http):
-    r = await http.post(CHAT, json={"messages": USER, "max_tokens": 2, "frobnicate": {"x": 1},
-                                    "messages_extra": 3, **GREEDY})
+async def test_unknown_fields_are_a_400_naming_them(http):
+    r = await http.post(CHAT, json={"messages": USER, "max_tokens": 2, "frobnicate": {"secret": "hunter2"},
+                                    **GREEDY})
+    error = assert_error(r, 400, "Unknown field 'frobnicate' in the request body; fd-core does not support it")
+    assert error["param"] == "frobnicate" and "hunter2" not in r.text  # values are never echoed
+    r = await http.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 2, "a_field": 1, "b_field": 2})
+    assert_error(r, 400, "Unknown fields 'a_field', 'b_field'")
+    r = await http.post(CHAT, json={"messages": USER, "stream": True, "stream_options": {"nope": 1}})
+    assert_error(r, 400, "Unknown field 'stream_options.nope'")
+    # chat messages and tools keep extra keys: they reach the chat template
+    r = await http.post(CHAT, json={"messages": [{"role": "user", "content": "hi", "x_tag": 1}], "tools": [
+        {"type": "function", "function": {"name": "f", "x_extra": 2}, "x_more": 3}], "max_tokens": 1})
     assert r.status_code == 200, r.text
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -114,3 +115,96 @@ async def test_apps_do_not_share_metrics(engine_client):
     a = build_app(engine_client, ServerArgs())
     b = build_app(engine_client, ServerArgs())
     assert a.state.fd.metrics.registry is not b.state.fd.metrics.registry
+
+
+async def test_ping_answers_like_health(http, checkpoint_factory):
+    assert (await http.get("/ping")).status_code == 200
+    assert (await http.post("/ping")).status_code == 200
+    dead = ScriptedEngineClient(Tokenizer.from_pretrained(checkpoint_factory("tiny-dense", "pytorch")), ["x"])
+    dead.dead = True
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(build_app(dead, ServerArgs())),
+                                 base_url="http://fd") as client:
+        assert_error(await client.get("/ping"), 503, "not serving")
+
+
+async def test_config_info_shows_the_effective_configuration_with_secrets_masked(engine_client, monkeypatch):
+    from fd_core import envs
+    from fd_core.config import EngineArgs
+    from fd_core.entrypoints.openai.serving_misc import config_info
+
+    monkeypatch.setenv("FD_API_KEY", "k1,k2")
+    monkeypatch.setenv("FD_SAMPLING_CLASS", "rejection")
+    envs.reset()
+    app = build_app(engine_client, ServerArgs(served_model_names=(MODEL,)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://fd") as client:
+        body = (await client.get("/config-info")).json()  # without config_info: what the app knows
+        assert body["engine"]["num_kv_blocks"] == 64 and body["engine"]["backend"] == "cpu"
+        assert body["served_model_names"] == [MODEL] and body["max_model_len"] == MAX_MODEL_LEN
+        assert body["model_config"]["architectures"] and body["model_config"]["vocab_size"] > 0
+        assert body["environment"]["FD_API_KEY"] == "***"
+        assert body["environment"]["FD_SAMPLING_CLASS"] == "rejection"
+
+        args = EngineArgs(model=engine_client.info.model_dir, backend="auto", max_model_len=MAX_MODEL_LEN)
+        app.state.config_info = config_info(args, {"api_keys": ("secret-1", "secret-2"), "port": 8180,
+                                                   "scheduler_password": "pw", "max_concurrency": 512,
+                                                   "redis_url": "redis://user:pw@host:6379"},
+                                            model_dir=engine_client.info.model_dir)
+        body = (await client.get("/config-info")).json()
+    assert body["engine_args"]["backend"] == "auto" and body["engine"]["backend"] == "cpu"
+    assert body["engine_args"]["max_model_len"] == MAX_MODEL_LEN
+    server = body["server_args"]
+    assert server["api_keys"] == ["***", "***"] and server["scheduler_password"] == "***"
+    assert server["port"] == 8180 and server["max_concurrency"] == 512
+    assert server["redis_url"] == "redis://***@host:6379"
+    assert "secret-1" not in str(body) and "k1" not in str(body)
+    envs.reset()
+
+
+async def scrape(client) -> str:
+    r = await client.get("/metrics")
+    assert r.status_code == 200
+    return r.text
+
+
+async def test_metrics_are_right_before_the_first_request(engine_client):
+    from tests.entrypoints.openai.test_disconnect import wait_idle
+
+    await wait_idle(engine_client)
+    app = build_app(engine_client, ServerArgs())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://fd") as client:
+        text = await scrape(client)
+    usable = engine_client.info.num_kv_blocks - 1
+    assert metric(text, "fastdeploy:max_batch_size") == engine_client.info.max_num_seqs > 0
+    assert metric(text, "fastdeploy:available_batch_size") == engine_client.info.max_num_seqs
+    assert metric(text, "fastdeploy:num_requests_running") == 0 == metric(text, "fastdeploy:batch_size")
+    assert metric(text, "fastdeploy:available_gpu_block_num") == usable
+    assert metric(text, "fastdeploy:available_gpu_resource") == 1.0
+    assert metric(text, "fastdeploy:gpu_cache_usage_perc") == 0
+
+
+async def test_metrics_are_right_right_after_a_streaming_client_aborts(live_http, engine_client):
+    from tests.entrypoints.openai.test_disconnect import wait_idle
+
+    await wait_idle(engine_client)
+    usable = engine_client.info.num_kv_blocks - 1
+    request = {"prompt": "go on forever " * 4, "max_tokens": 180, "stream": True, **GREEDY}
+    seen = 0
+    async with live_http.stream("POST", "/v1/completions", json=request) as r:
+        async for line in r.aiter_lines():
+            seen += line.startswith("data: ")
+            if seen == 3:
+                busy = await scrape(live_http)
+                assert metric(busy, "fastdeploy:num_requests_running") == 1
+                assert metric(busy, "fastdeploy:batch_size") == 1
+                assert metric(busy, "fastdeploy:available_gpu_block_num") < usable
+                break
+    text = ""
+    for _ in range(100):  # the abort runs as the stream closes; no further request is sent
+        text = await scrape(live_http)
+        if metric(text, "fastdeploy:num_requests_running") == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert metric(text, "fastdeploy:num_requests_running") == 0
+    assert metric(text, "fastdeploy:num_requests_waiting") == 0
+    assert metric(text, "fastdeploy:available_gpu_block_num") == usable
+    assert metric(text, "fastdeploy:gpu_cache_usage_perc") == 0

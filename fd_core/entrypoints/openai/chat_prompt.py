@@ -1,0 +1,126 @@
+"""The prompt of a chat request: its token ids, from messages or as given.
+
+In order (FastDeploy's precedence):
+- ``prompt_token_ids`` (non-empty): used as they are; no template, messages unused;
+- ``disable_chat_template``: the single message's text, tokenized, no template;
+- otherwise the chat template: the request's own ``chat_template`` (text only,
+  never a path; rendered in jinja2's ImmutableSandboxedEnvironment, and refused
+  when the server runs with ``--disallow-request-chat-template``), else the
+  server's ``--chat-template``, else the tokenizer's.
+``completion_token_ids`` are then appended (an answer the model continues).
+
+Message content may be a string or a list of parts: ``text`` parts are joined
+(no separator, as ERNIE's template does); a part a text model cannot take
+(``image_url``, ``video_url``, ``input_audio``, ``file``, an unknown type) is a
+400 naming the part's type and the message, never dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fd_core.entrypoints.openai.errors import OpenAIError
+from fd_core.tokenizer.chat_template import ChatTemplate
+
+__all__ = ["chat_prompt_ids", "message_text", "render_chat", "text_messages"]
+
+# apply_chat_template's own parameters: never taken from chat_template_kwargs
+_RESERVED_TEMPLATE_KWARGS = {"messages", "add_generation_prompt", "tools", "tokenize", "chat_template"}
+_MEDIA_PARTS = {"image_url", "image", "video_url", "video", "input_audio", "audio_url", "audio", "file",
+                "input_image", "input_file"}
+
+
+def message_text(content: Any, index: int) -> str | None:
+    """The text of message ``index``'s content (parts joined); 400 for a part that is not text."""
+    if content is None or isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        kind = part.get("type")
+        where = f"messages[{index}].content[{j}]"
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        elif kind in _MEDIA_PARTS:
+            raise OpenAIError(f"{where} is a content part of type '{kind}', which needs a multimodal model; "
+                              "this server serves a text model and takes only 'text' parts", 400, where)
+        elif kind == "text":
+            raise OpenAIError(f"{where} is a 'text' part without a string 'text'", 400, where)
+        else:
+            raise OpenAIError(f"{where} has the unknown content part type {kind!r}; "
+                              "a text model takes only 'text' parts", 400, where)
+    return "".join(texts)
+
+
+def text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with every content a string (or absent)."""
+    out = []
+    for i, message in enumerate(messages):
+        if isinstance(message.get("content"), list):
+            message = {**message, "content": message_text(message["content"], i)}
+        out.append(message)
+    return out
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None, kwargs: dict[str, Any] | None,
+                chat_template: str | None, request_template: str | None = None) -> str:
+    """The prompt text; a template error is a 400 carrying the template's message.
+
+    ``chat_template`` is the server's (a path or text); ``request_template`` a
+    request's, taken only as template text.
+    """
+    extra = {k: v for k, v in (kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
+    messages = text_messages(messages)
+    try:
+        if request_template is not None:
+            template = ChatTemplate(request_template, getattr(tokenizer, "special_tokens", None))
+            return template.render(messages, add_generation_prompt, tools, **extra)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                             chat_template=chat_template, **extra)
+    except Exception as exc:  # jinja errors, raise_exception() in the template, sandbox refusals
+        which = "chat_template" if request_template is not None else "messages"
+        raise OpenAIError(f"The chat template could not render these messages: {type(exc).__name__}: {exc}",
+                          400, which) from None
+
+
+def template_kwargs(request: Any) -> dict[str, Any]:
+    """chat_template_kwargs with the top-level enable_thinking merged in (they must agree)."""
+    kwargs = dict(request.chat_template_kwargs or {})
+    if request.enable_thinking is not None:
+        given = kwargs.get("enable_thinking")
+        if given is not None and given != request.enable_thinking:
+            raise OpenAIError(f"enable_thinking is {request.enable_thinking} but chat_template_kwargs."
+                              f"enable_thinking is {given}; give one, or the same value in both",
+                              400, "enable_thinking")
+        kwargs["enable_thinking"] = request.enable_thinking
+    return kwargs
+
+
+def chat_prompt_ids(request: Any, tokenizer: Any, server_template: str | None,
+                    allow_request_template: bool) -> list[int]:
+    """The prompt token ids of a ChatCompletionRequest (ids are not yet checked against the vocabulary)."""
+    if request.chat_template is not None and not allow_request_template:
+        raise OpenAIError("chat_template: this server does not take a chat template in the request "
+                          "(it runs with --disallow-request-chat-template); leave the field out",
+                          400, "chat_template")
+    kwargs = template_kwargs(request)
+    if request.prompt_token_ids:
+        ids = list(request.prompt_token_ids)
+    elif not request.messages:
+        raise OpenAIError("messages must hold at least one message (or give prompt_token_ids)", 400, "messages")
+    elif request.disable_chat_template:
+        if len(request.messages) != 1:
+            raise OpenAIError(f"disable_chat_template takes exactly one message, whose text is the prompt; "
+                              f"got {len(request.messages)}", 400, "disable_chat_template")
+        text = message_text(request.messages[0].content, 0) or ""
+        ids = tokenizer.encode(text)
+    else:
+        text = render_chat(tokenizer, request.template_messages(), request.add_generation_prompt,
+                           request.template_tools(), kwargs, server_template, request.chat_template)
+        ids = tokenizer.encode(text)
+    return ids + list(request.completion_token_ids or [])
