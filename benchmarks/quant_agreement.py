@@ -18,9 +18,9 @@ backend is held to), over ``--prompts`` random prompts of 8 to 24 tokens:
 
 Methods: wint8, wint4 (on ERNIE: dense layers wint8, routed experts wint4,
 as FastDeploy does), w8a8, ``wint4-all`` (FastDeploy's mix_quant form
-with wint4 dense layers too), and ``wint8-fh`` / ``w8a8-fh``: the same with
-the LM head kept float (``lm_head_quant_type: none``; by default it is
-quantized).
+with wint4 dense layers too), and ``wint8-qh`` / ``w8a8-qh``: the same with
+the LM head quantized too (opt-in ``lm_head_quant_type``: wint8, w8a8; by
+default the head stays float, as in FastDeploy).
 
 Checkpoints are generated (seeded random weights, so the numbers describe
 these models, not trained ERNIE weights) under ``checkpoints/``, once.
@@ -47,13 +47,13 @@ from fd_core.testing.checkpoints import generate_checkpoint  # noqa: E402
 from fd_core.testing.greedy import greedy_generate  # noqa: E402
 
 BLOCK_SIZE = 16
-METHODS = ("wint8", "wint8-fh", "wint4", "w8a8", "w8a8-fh", "wint4-all")
+METHODS = ("wint8", "wint8-qh", "wint4", "w8a8", "w8a8-qh", "wint4-all")
 # labels for --quantization values that are not a bare method name
 ALIASES = {  # FastDeploy's mixed form: wint4 for dense layers too (plain wint4 keeps them wint8 on ERNIE)
     "wint4-all": {"quantization": "mix_quant", "dense_quant_type": "wint4", "moe_quant_type": "wint4"},
-    # "float head": the LM head left fp32, as FastDeploy does (fd-core quantizes it by default)
-    "wint8-fh": {"quantization": "wint8", "lm_head_quant_type": "none"},
-    "w8a8-fh": {"quantization": "w8a8", "lm_head_quant_type": "none"},
+    # "quantized head": the opt-in int8 LM head (by default it stays float, as in FastDeploy)
+    "wint8-qh": {"quantization": "wint8", "lm_head_quant_type": "wint8"},
+    "w8a8-qh": {"quantization": "w8a8", "lm_head_quant_type": "w8a8"},
 }
 
 

@@ -2,7 +2,7 @@
 wint4, w8a8 (x86 backend, when installed), in one run.
 
     python benchmarks/quant_decode.py [--batch 1 8 32] [--rounds 6] [--steps 4] [--prompt-len 128]
-                                      [--reference-numerics]
+                                      [--reference-numerics] [--lm-head float|int8]
 
 Every configuration is loaded at once from the same generated checkpoint
 (cached under checkpoints/). For each batch size B, each engine prefills B
@@ -13,7 +13,10 @@ bandwidth (a shared VM's neighbours) hits them alike. Prints, per batch, the
 median tokens/s over all timed steps, the range of the per-round medians, and
 the ratio to fp32 on the reference. ``--reference-numerics`` adds the CPU
 reference running wint8 (dequantize, then fp32 matmul: slow), measured after
-the others, for scale.
+the others, for scale. The LM head stays float (the engine's default, as in
+FastDeploy); ``--lm-head int8`` quantizes it too (opt-in
+``lm_head_quant_type``: wint8, w8a8 under w8a8), as the figures measured
+before the float head became the default did.
 """
 
 from __future__ import annotations
@@ -47,8 +50,15 @@ class Config:
         return f"{self.backend:<7} {self.method or 'fp32':<7}"
 
 
-def load(backend: str, method: str | None, max_batch: int) -> Config:
-    llm = LLM(str(CHECKPOINT), backend=backend, quantization=method, max_model_len=1024,
+def quantization(method: str | None, lm_head: str) -> str | dict[str, str] | None:
+    """The ``--quantization`` value for ``method`` with a float or int8 LM head."""
+    if method is None or lm_head == "float":
+        return method
+    return {"quantization": method, "lm_head_quant_type": "w8a8" if method == "w8a8" else "wint8"}
+
+
+def load(backend: str, method: str | None, max_batch: int, lm_head: str = "float") -> Config:
+    llm = LLM(str(CHECKPOINT), backend=backend, quantization=quantization(method, lm_head), max_model_len=1024,
               max_num_seqs=max_batch, num_gpu_blocks_override=40 * max_batch // 8 + 16)
     return Config(backend, method, llm)
 
@@ -94,6 +104,8 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--reference-numerics", action="store_true",
                         help="also time the CPU reference running wint8 (slow), after the others")
+    parser.add_argument("--lm-head", choices=["float", "int8"], default="float",
+                        help="float: the engine's default; int8: quantize the LM head too (opt-in)")
     args = parser.parse_args()
     if not (CHECKPOINT / "config.json").is_file():
         generate_checkpoint(CHECKPOINT, "0.3b", naming="paddle")
@@ -102,7 +114,7 @@ def main() -> None:
     if "x86" in usable:
         wanted += [("x86", "wint8"), ("x86", "wint4"), ("x86", "w8a8")]
     max_batch = max(args.batch)
-    configs = [load(backend, method, max_batch) for backend, method in wanted]
+    configs = [load(backend, method, max_batch, args.lm_head) for backend, method in wanted]
     for config in configs:  # first-use costs (allocator, BLAS, op builds, weight repacks)
         start(config, 2, 16, 4)
         finish(config)
@@ -121,7 +133,7 @@ def main() -> None:
         for config in configs:
             del config.llm
         gc.collect()
-        reference = load("cpu", "wint8", max_batch)
+        reference = load("cpu", "wint8", max_batch, args.lm_head)
         start(reference, 2, 16, 4)
         finish(reference)
         for batch in args.batch:

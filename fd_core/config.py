@@ -138,7 +138,7 @@ class EngineArgs:
             )
         from fd_core.quantization.config import parse_quantization
 
-        parse_quantization(self.quantization)  # raises naming an unknown or unimplemented method
+        parse_quantization(self.quantization, lm_head_fp32=self.lm_head_fp32)  # raises naming an unknown or unimplemented method
         if self.use_cudagraph:
             raise UnsupportedFeatureError("--use-cudagraph: graph capture (CUDA graphs) is not implemented yet "
                                           "(issue 16)")

@@ -4,11 +4,11 @@
 
 Per layer (18 layers, hidden 1024): qkv 1024->2560, o 2048->1024,
 up_gate 1024->6144, down 3072->1024; then lm_head 1024->103424 (quantized
-too here, as in issue 7's targets). Random weights (timing only). The
+too here, as in issue 7's targets; the engine keeps it float unless
+``lm_head_quant_type`` opts in). Random weights (timing only). The
 methods run interleaved round by round, so machine noise hits them alike;
 the median of the rounds is printed with the implied tokens/s (rows / step),
-for the whole step and for the 18 layers alone (the engine keeps lm_head
-fp32). ``--contract`` adds ``<method>-c``: the same ops with
+for the whole step and for the 18 layers alone. ``--contract`` adds ``<method>-c``: the same ops with
 ``FD_X86_REPACK=0`` (the kernels on the contract layout, no repacked copy),
 for an A/B in one run.
 """

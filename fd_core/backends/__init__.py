@@ -14,6 +14,7 @@ from fd_core.backends.registry import (
     format_listing,
     get_backend,
     list_backends,
+    missing_backend_message,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "format_listing",
     "get_backend",
     "list_backends",
+    "missing_backend_message",
 ]

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from importlib import metadata
 from types import ModuleType
 
+from fd_core import envs
 from fd_core.backends.base import Backend
 from fd_core.plugins import manager
 from fd_core.plugins.types import Availability, DeviceInfo
 
-__all__ = ["BackendStatus", "BackendSelectionError", "get_backend", "list_backends", "format_listing"]
+__all__ = ["BackendStatus", "BackendSelectionError", "get_backend", "list_backends", "format_listing",
+           "missing_backend_message"]
 
 logger = logging.getLogger(__name__)
 
 REFERENCE = "cpu"
+# fd-core's own backends: name -> distribution, each in backends/<package> of
+# the fd-core repository (none is on a package index yet)
+FIRST_PARTY = {"cuda": "fd-cuda", "xpu": "fd-xpu", "iluvatar": "fd-iluvatar", "dcu": "fd-dcu",
+               "gcu": "fd-gcu", "x86": "fd-x86"}
 
 
 class BackendSelectionError(RuntimeError):
@@ -79,6 +86,29 @@ def format_listing(rows: list[BackendStatus]) -> str:
     return "\n".join(lines)
 
 
+def missing_backend_message(name: str, installed: list[str]) -> str:
+    """Why ``--backend name`` is not among ``installed``, and what to install."""
+    listed = f"installed: {', '.join(sorted(installed))} (fd-serve --list-backends shows which can run here)"
+    filtered = [ep for ep in metadata.entry_points(group=manager.BACKEND_GROUP) if ep.name == name]
+    if filtered:  # installed, but FD_PLUGINS leaves it out
+        found = filtered[0].dist
+        label = f" ({found.name} {found.version})" if found is not None else ""
+        return (f"backend {name!r} is installed{label} but FD_PLUGINS="
+                f"{','.join(envs.get('FD_PLUGINS') or ())} leaves it out; add {name} to FD_PLUGINS "
+                f"or unset it. {listed}")
+    if name in FIRST_PARTY:
+        dist = FIRST_PARTY[name]
+        folder = f"backends/{dist.replace('-', '_')}"
+        return (f"backend {name!r} is not installed; it comes with the {dist} package, which is not on "
+                f"a package index yet. From a checkout of the fd-core repository: pip install -e {folder} "
+                f"(or pip wheel --no-deps {folder} -w dist/ and pip install the wheel); see {folder}/README.md "
+                f"for what else it needs. {listed}")
+    return (f"unknown backend {name!r}; {listed}. fd-core's own backends are "
+            f"{', '.join([REFERENCE, *FIRST_PARTY])}; a third-party backend is a package that registers "
+            f"an entry point in the group {manager.BACKEND_GROUP!r}: install it into this environment "
+            "(see docs/writing-a-backend.md)")
+
+
 def get_backend(name: str = "auto") -> Backend:
     """Select a backend by name, or the best usable one for ``"auto"``.
 
@@ -107,10 +137,7 @@ def get_backend(name: str = "auto") -> Backend:
         logger.info("backend auto: selected %r", name)
     else:
         if name not in entries:
-            raise BackendSelectionError(
-                f"unknown backend {name!r}; installed: {', '.join(sorted(entries))}. "
-                "Install its package (e.g. pip install fd-cuda) or check FD_PLUGINS."
-            )
+            raise BackendSelectionError(missing_backend_message(name, list(entries)))
         module = entries[name].require_module()
         _, availability = _describe(module, name)
         if not availability.usable:

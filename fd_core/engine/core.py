@@ -110,7 +110,7 @@ class EngineCore:
         # request features first: a bad flag fails before the model loads
         early_stop = EarlyStopConfig.from_args(args.enable_early_stop, args.early_stop_config)
         self.backend = get_backend(args.backend)
-        self.model_dir = resolve_model_path(args.model)
+        self.model_dir = resolve_model_path(args.model, revision=args.revision)
         model_config = load_config(self.model_dir)
         processors = load_logits_processors(
             args.logits_processors,
@@ -122,7 +122,8 @@ class EngineCore:
                 f"max_position_embeddings {model_config.max_position_embeddings}"
             )
         self.model_config = model_config
-        self.quantization = parse_quantization(args.quantization, model_config.architecture)
+        self.quantization = parse_quantization(args.quantization, model_config.architecture,
+                                               lm_head_fp32=args.lm_head_fp32)
         if self.quantization is not None:
             check_backend_supports(self.backend.name, self.backend.capabilities().quantization_methods,
                                    self.quantization, model_config.is_moe)

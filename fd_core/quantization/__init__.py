@@ -15,7 +15,7 @@ Public API::
 
     quantize_weight(method, weight [in, out] float32, group_size=128) -> QuantizedWeight
     dequantize(quant) -> float32 [in, out] paddle tensor
-    parse_quantization(value, architecture=None) -> QuantizationConfig | None
+    parse_quantization(value, architecture=None, lm_head_fp32=False) -> QuantizationConfig | None
 
 Layouts (``QuantizedWeight.qweight`` / ``.scales``; details in ``wint``):
 
@@ -30,10 +30,11 @@ Layouts (``QuantizedWeight.qweight`` / ``.scales``; details in ``wint``):
 
 What is quantized in a model: every linear layer of the decoder layers
 (qkv, o, dense MLPs, shared experts) with the dense method, routed experts
-with the MoE method, the LM head with the LM-head method (wint8 by default,
-w8a8 under w8a8; ``lm_head_quant_type: none`` keeps it float as FastDeploy
-does); embeddings, norms and the MoE router gate stay float32. Plain ``wint4`` on ERNIE keeps the dense
-layers at wint8 and quantizes routed experts to wint4, as FastDeploy does.
+with the MoE method; the LM head stays float32 as in FastDeploy unless
+``lm_head_quant_type`` names a method (opt-in, e.g. ``wint8``); embeddings,
+norms and the MoE router gate stay float32. Plain ``wint4`` on ERNIE keeps
+the dense layers at wint8 and quantizes routed experts to wint4, as
+FastDeploy does.
 """
 
 from __future__ import annotations

@@ -8,14 +8,17 @@ Accepted forms (as FastDeploy takes them):
   channel, which is FastDeploy's own wint4 granularity);
 - FastDeploy's mixed form ``{"quantization": "mix_quant",
   "dense_quant_type": "wint8", "moe_quant_type": "wint4"}``;
-- fd-core's ``lm_head_quant_type`` in either JSON form: the LM head's method,
-  or ``"none"`` to keep it float.
+- fd-core's ``lm_head_quant_type`` in either JSON form: the LM head's method
+  (opt-in), or ``"none"`` (the default) to keep it float.
 
-The LM head is quantized by default (wint8, or w8a8 under w8a8), per output
-channel: on a small model it is a third of the weights and of the decode
-step's memory traffic (the 0.3B: 103424 x 1024). FastDeploy keeps it float;
-``"lm_head_quant_type": "none"`` does the same. With tied embeddings the
-lookup table stays float and the head gets its own quantized copy.
+The LM head stays float by default, as in FastDeploy: on random-weight test
+models an int8 head doubles the logprob error of the 0.3B shape. Quantizing
+it (``"lm_head_quant_type": "wint8"``, per output channel) is opt-in: on a
+small model the head is a third of the weights and of the decode step's
+memory traffic (the 0.3B: 103424 x 1024). With tied embeddings the lookup
+table stays float and a quantized head gets its own copy. ``lm_head_fp32``
+(the engine's ``--lm_head-fp32``) forces the float head and refuses an
+explicit ``lm_head_quant_type`` method beside it.
 
 Like FastDeploy, plain ``wint4`` on an ERNIE model keeps the dense layers
 (attention, dense MLPs, shared experts) at wint8 and quantizes only the
@@ -43,7 +46,6 @@ _KEYS = ("quantization", "group_size", "dense_quant_type", "moe_quant_type", "lm
          "kv_cache_quant_type")
 # FastDeploy's per-family rule: --quantization wint4 on ERNIE -> dense layers at wint8
 _DENSE_OVERRIDES = {("Ernie", "wint4"): "wint8"}
-_DEFAULT = object()  # a key that was not given
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class QuantizationConfig:
     group_size: int = DEFAULT_GROUP_SIZE  # grouped methods (wint4); -1 = per channel
     mixed: bool = False  # dense/moe methods were given explicitly (mix_quant)
     # the LM head (also when tied to the embeddings, whose lookup table stays
-    # float): None keeps it float; default: int8 like the dense layers
+    # float): None (the default) keeps it float; a method name quantizes it
     lm_head_method: str | None = None
 
     def methods(self, has_experts: bool = True) -> tuple[str, ...]:
@@ -76,7 +78,7 @@ class QuantizationConfig:
         return self
 
     def describe(self) -> str:
-        """E.g. ``wint4 (dense wint8, experts wint4, group size 128, lm_head wint8)``."""
+        """E.g. ``wint4 (dense wint8, experts wint4, group size 128, lm_head float)``."""
         parts = [] if self.dense_method == self.moe_method == self.method else (
             [self.dense_method] if self.dense_method == self.moe_method
             else [f"dense {self.dense_method}", f"experts {self.moe_method}"])
@@ -102,10 +104,14 @@ def _method_name(value: Any, what: str) -> str:
     return name
 
 
-def parse_quantization(value: str | dict[str, Any] | None, architecture: str | None = None
-                       ) -> QuantizationConfig | None:
+def parse_quantization(value: str | dict[str, Any] | None, architecture: str | None = None,
+                       lm_head_fp32: bool = False) -> QuantizationConfig | None:
     """None when unquantized; raises ``UnsupportedFeatureError`` for methods
-    that are not implemented and ``ValueError`` for malformed values."""
+    that are not implemented and ``ValueError`` for malformed values.
+
+    ``lm_head_fp32`` (``--lm_head-fp32``) keeps the LM head float whatever
+    the quantization; with an explicit ``lm_head_quant_type`` method too it
+    raises ``ValueError`` naming both, rather than drop one silently."""
     if value is None or (isinstance(value, str) and value.strip() in ("", "none", "None")):
         return None
     if isinstance(value, str) and value.strip().startswith("{"):
@@ -143,25 +149,17 @@ def parse_quantization(value: str | dict[str, Any] | None, architecture: str | N
             group_size == -1 or (group_size > 0 and group_size % 2 == 0)):
         raise ValueError(f"--quantization: group_size must be -1 (per channel) or a positive even "
                          f"number, got {group_size!r}")
-    raw_head = spec.get("lm_head_quant_type", _DEFAULT)
-    lm_head: str | None
-    if raw_head is _DEFAULT:
-        lm_head = default_lm_head_method(dense)
-    elif raw_head is None or (isinstance(raw_head, str) and raw_head.strip().lower() in ("", "none", "float")):
-        lm_head = None
-    else:
+    raw_head = spec.get("lm_head_quant_type")
+    lm_head: str | None = None  # float, as FastDeploy keeps it
+    if not (raw_head is None or (isinstance(raw_head, str) and raw_head.strip().lower() in ("", "none", "float"))):
         lm_head = _method_name(raw_head, "lm_head_quant_type")
+        if lm_head_fp32:
+            raise ValueError(
+                f"--lm_head-fp32 keeps the LM head float, but --quantization asks for "
+                f"\"lm_head_quant_type\": {raw_head!r}; drop one of the two"
+            )
     config = QuantizationConfig(method, dense, moe, group_size, mixed, lm_head)
     return config.for_architecture(architecture) if architecture else config
-
-
-def default_lm_head_method(dense_method: str) -> str:
-    """The LM head's method when ``lm_head_quant_type`` is not given: wint8
-    under wint8 and wint4 (an int4 head costs more accuracy than it saves
-    time), else the dense method."""
-    if dense_method in ("wint8", "wint4"):
-        return "wint8"
-    return dense_method  # w8a8, or a plugin's method
 
 
 def check_backend_supports(backend_name: str, supported: tuple[str, ...], config: QuantizationConfig,

@@ -205,3 +205,14 @@ def test_tool_parser_plugin_registers_a_parser_from_a_file(tmp_path):
         engine_args_from(build_parser().parse_args(["--model", "m", "--tool-parser-plugin", str(broken)]))
     with pytest.raises(ValueError, match="no such file"):
         engine_args_from(build_parser().parse_args(["--model", "m", "--tool-parser-plugin", "/nope.py"]))
+
+
+def test_lm_head_fp32_keeps_the_head_float_and_refuses_a_quantized_head():
+    from fd_core.quantization.config import parse_quantization
+
+    assert parse_quantization({"quantization": "wint8", "lm_head_quant_type": "wint8"}).lm_head_method == "wint8"
+    assert parse_quantization("wint8").lm_head_method is None  # float head by default, as FastDeploy
+    ns = build_parser().parse_args(["--model", "m", "--quantization",
+                                    '{"quantization": "wint8", "lm_head_quant_type": "wint8"}', "--lm_head-fp32"])
+    with pytest.raises(ValueError, match="--lm_head-fp32 keeps the LM head float"):
+        engine_args_from(ns)

@@ -26,7 +26,8 @@ def test_forms(value, method, dense, moe, group):
 
 
 @pytest.mark.parametrize("value,head", [
-    ("wint8", "wint8"), ("wint4", "wint8"), ("w8a8", "w8a8"),
+    ("wint8", None), ("wint4", None), ("w8a8", None),  # float by default, as in FastDeploy
+    ({"quantization": "wint8", "lm_head_quant_type": "wint8"}, "wint8"),
     ({"quantization": "w8a8", "lm_head_quant_type": "wint8"}, "wint8"),
     ({"quantization": "wint8", "lm_head_quant_type": "none"}, None),
     ({"quantization": "mix_quant", "dense_quant_type": "wint4", "moe_quant_type": "wint4",
@@ -38,6 +39,14 @@ def test_lm_head_method(value, head):
     assert (head or "float") in config.describe()
     if head:
         assert head in config.methods(has_experts=False)
+
+
+def test_lm_head_fp32_keeps_the_head_float_and_refuses_an_explicit_head_method():
+    assert parse_quantization("w8a8", lm_head_fp32=True).lm_head_method is None
+    with pytest.raises(ValueError, match="--lm_head-fp32 keeps the LM head float.*'wint8'"):
+        parse_quantization({"quantization": "wint8", "lm_head_quant_type": "wint8"}, lm_head_fp32=True)
+    config = parse_quantization({"quantization": "wint8", "lm_head_quant_type": "none"}, lm_head_fp32=True)
+    assert config.lm_head_method is None
 
 
 def test_bad_lm_head_method_is_named():
@@ -130,7 +139,7 @@ def test_plugins_can_add_methods(monkeypatch):
     monkeypatch.setattr(registry, "_entries", dict(registry._entries))
     registry.register("myint8", QuantMethod("myint8", "a plugin's int8", WINT8.quantize, WINT8.linear))
     registry.register("myfp6", QuantMethod("myfp6", "not yet", refused="myfp6 is still being written"))
-    assert parse_quantization("myint8") == QuantizationConfig("myint8", "myint8", "myint8", lm_head_method="myint8")
+    assert parse_quantization("myint8") == QuantizationConfig("myint8", "myint8", "myint8")
     assert "myint8" in registry.names(implemented=True)
     with pytest.raises(UnsupportedFeatureError, match="myfp6 is still being written"):
         parse_quantization("myfp6")

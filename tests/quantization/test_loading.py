@@ -54,25 +54,28 @@ def test_loading_quantizes_each_weight_like_quantize_weight(cpu_backend, checkpo
             np.testing.assert_array_equal(scales.numpy(), want.scales.numpy(), err_msg=name)
         checked += 1
     assert checked >= 4
-    # the LM head (tied or not) takes the LM-head method, from the same fp32 matrix
-    head = quant.lm_head.quant
-    assert head is not None and head.method == resolved.lm_head_method == (
-        "w8a8" if resolved.dense_method == "w8a8" else "wint8")
-    want = quantize_weight(head.method, fp32.lm_head.weight.data.numpy(), resolved.group_size)
-    np.testing.assert_array_equal(head.qweight.numpy(), want.qweight.numpy())
-    np.testing.assert_array_equal(head.scales.numpy(), want.scales.numpy())
+    # the LM head (tied or not) stays float by default, as in FastDeploy
+    assert resolved.lm_head_method is None and quant.lm_head.quant is None
+    np.testing.assert_array_equal(quant.lm_head.weight.data.numpy(), fp32.lm_head.weight.data.numpy())
     assert quant.weight_bytes() < fp32.weight_bytes() == quant.weight_bytes(as_fp32=True)
 
 
-@pytest.mark.parametrize("naming", ["paddle", "pytorch"])
-def test_lm_head_quant_type_none_keeps_the_head_fp32(cpu_backend, checkpoint_factory, naming):
-    model_dir = checkpoint_factory("tiny-dense", naming)
+@pytest.mark.parametrize("shape,naming", [("tiny-dense", "paddle"), ("tiny-dense", "pytorch"),
+                                          ("tiny-moe", "paddle")])
+@pytest.mark.parametrize("head", ["wint8", "w8a8"])
+def test_opt_in_lm_head_quant_type_quantizes_the_head_like_quantize_weight(cpu_backend, checkpoint_factory,
+                                                                           shape, naming, head):
+    """``lm_head_quant_type`` quantizes the head (tied or not) from the same fp32 matrix."""
+    model_dir = checkpoint_factory(shape, naming)
+    config = parse_quantization({"quantization": "wint8", "lm_head_quant_type": head})
     fp32 = load_model(model_dir, cpu_backend.ops)
-    quant = load_model(model_dir, cpu_backend.ops,
-                       quantization=parse_quantization({"quantization": "wint8", "lm_head_quant_type": "none"}))
-    assert quant.lm_head.quant is None
-    np.testing.assert_array_equal(quant.lm_head.weight.data.numpy(), fp32.lm_head.weight.data.numpy())
-    assert quant.layers[0].self_attn.qkv_proj.quant is not None
+    quant = load_model(model_dir, cpu_backend.ops, quantization=config)
+    quantized = quant.lm_head.quant
+    assert quantized is not None and quantized.method == head
+    want = quantize_weight(head, fp32.lm_head.weight.data.numpy(), config.group_size)
+    np.testing.assert_array_equal(quantized.qweight.numpy(), want.qweight.numpy())
+    np.testing.assert_array_equal(quantized.scales.numpy(), want.scales.numpy())
+    np.testing.assert_array_equal(quant.embed_tokens.data.numpy(), fp32.embed_tokens.data.numpy())
 
 
 def test_big_matrices_quantize_in_slices_to_the_same_codes(monkeypatch):
