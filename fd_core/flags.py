@@ -163,7 +163,7 @@ FLAGS: list[Flag] = [
     _ny("--innode-prefill-ports", "prefill/decode disaggregation", 18),
     _ny("--router", "the router in front of several instances", 18),
     _ny("--scheduler-name", "the Redis-backed global scheduler", 18, neutral=(None, "local")),
-    _ny("--kvcache-storage-backend", "KV-cache storage backends", 18),
+    _ny("--kvcache-storage-backend", "a KV-cache storage backend", 18),
     _ny("--guided-decoding-backend", "structured output", 19, neutral=(None, "off")),
     _ny("--guided-decoding-disable-any-whitespace", "structured output", 19,
         neutral=(None, False, "false", "False", "0"), nargs="?", extra={"const": "true"}),
