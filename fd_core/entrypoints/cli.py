@@ -218,6 +218,7 @@ def server_kwargs_from(ns: argparse.Namespace) -> dict[str, Any]:
         metrics_port=ns.metrics_port,
         allow_request_chat_template=not ns.disallow_request_chat_template,
         max_logprobs=ns.max_logprobs,
+        log_requests=not ns.disable_log_requests,
     )
 
 

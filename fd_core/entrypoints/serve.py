@@ -1,8 +1,12 @@
-"""Running the server: engine process, HTTP app, lifecycle and exit codes.
+"""Running the server: flag checks, the engine process, HTTP processes, exit codes.
 
-Exit codes: 0 after a normal shutdown (SIGINT/SIGTERM), 1 when the engine
-fails to start or dies while serving (its error is in the log), 2 for bad
-or unsupported flags.
+Exit codes:
+  0  stopped by SIGINT/SIGTERM with every request in flight finished
+  1  the engine failed to start or died while serving, or the HTTP server could
+     not listen or stopped by itself (the error is in the log)
+  2  bad or unsupported flags (checked before anything is generated or loaded)
+  3  stopped by SIGINT/SIGTERM, but requests still running after
+     --timeout-graceful-shutdown (or at a second signal) were aborted with an error
 """
 
 from __future__ import annotations
@@ -10,13 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
+import socket
 import sys
 from typing import Any
 
-__all__ = ["run_server"]
+__all__ = ["build_apps", "run_server", "setup_logging"]
 
 logger = logging.getLogger("fd_core.serve")
+
+BACKLOG = 2048  # uvicorn's default
 
 
 def _fail(message: str, code: int) -> int:
@@ -26,26 +32,33 @@ def _fail(message: str, code: int) -> int:
 
 def run_server(ns: argparse.Namespace) -> int:
     """Start the engine process and serve HTTP until stopped; returns the exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        setup_logging()
+    except (OSError, ValueError) as exc:
+        return _fail(f"logging: {exc}", 2)
+    _log_environment()
     from fd_core.config import UnsupportedFeatureError
     from fd_core.entrypoints.cli import engine_args_from, server_kwargs_from
 
-    served_default = ns.model
-    if ns.model == "demo":
-        from fd_core.entrypoints.demo import DEFAULT_DIR, ensure_demo_checkpoint
+    demo = ns.model == "demo"
+    if demo:  # checked against the demo's path; generated only once every flag is known to be good
+        from fd_core.entrypoints.demo import DEFAULT_DIR
 
-        ns.model = str(ensure_demo_checkpoint(DEFAULT_DIR))
+        ns.model = str(DEFAULT_DIR)
         if not ns.served_model_name:
-            ns.served_model_name = [served_default]
+            ns.served_model_name = ["demo"]
     try:
+        workers, graceful_timeout = _lifecycle_flags(ns)
         engine_args = engine_args_from(ns)
         server_kwargs = server_kwargs_from(ns)
         _check_parsers(ns)
         _check_backend(ns.backend)
-    except UnsupportedFeatureError as exc:
+    except (UnsupportedFeatureError, ValueError, TypeError) as exc:
         return _fail(str(exc), 2)
-    except (ValueError, TypeError) as exc:
-        return _fail(str(exc), 2)
+    if demo:
+        from fd_core.entrypoints.demo import ensure_demo_checkpoint
+
+        ensure_demo_checkpoint(DEFAULT_DIR)
     try:
         from fd_core.model_loader import resolve_model_path
         from fd_core.models.config import load_config
@@ -53,6 +66,14 @@ def run_server(ns: argparse.Namespace) -> int:
         load_config(resolve_model_path(engine_args.model))
     except (OSError, ValueError) as exc:
         return _fail(str(exc), 2)
+    try:  # listening before the engine loads: a taken port fails in seconds, not after the model loads
+        sockets = _bind(ns.host, [ns.port, *([ns.metrics_port] if ns.metrics_port else [])], workers)
+    except OSError as exc:
+        return _fail(f"cannot listen on {ns.host}: {exc}", 1)
+    if workers > 1:
+        from fd_core.entrypoints.workers import run_workers
+
+        return run_workers(ns, engine_args, server_kwargs, sockets, workers, graceful_timeout)
 
     from fd_core.engine.client import EngineDeadError
     from fd_core.engine.mp_engine import MPEngineClient
@@ -64,10 +85,89 @@ def run_server(ns: argparse.Namespace) -> int:
         logger.error("%s", exc)
         return 1
     try:
-        return asyncio.run(_serve(client, ns, server_kwargs))
+        return asyncio.run(_serve_one(client, ns, engine_args, server_kwargs, sockets[0], graceful_timeout))
     finally:
-        if client.process.is_alive():
-            client.process.kill()
+        client.close()
+
+
+def _lifecycle_flags(ns: argparse.Namespace) -> tuple[int, float]:
+    """--workers and --timeout-graceful-shutdown, checked."""
+    workers = getattr(ns, "workers", 1)
+    workers = 1 if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"--workers must be a positive integer, got {workers!r}")
+    timeout = getattr(ns, "timeout_graceful_shutdown", 0)
+    timeout = 0.0 if timeout is None else timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < float("inf"):
+        raise ValueError(f"--timeout-graceful-shutdown must be a number of seconds >= 0 (0: no limit), "
+                         f"got {timeout!r}")
+    return workers, float(timeout)
+
+
+def _bind(host: str, ports: list[int], copies: int = 1) -> list[list[socket.socket]]:
+    """Listening sockets on ``host``: ``copies`` lists, each with one socket per port.
+
+    Several copies (``--workers``) share each port with SO_REUSEPORT, so the
+    kernel spreads new connections evenly over the workers (one inherited
+    socket would go to whichever worker wakes first). A plain bind first makes
+    sure no other server holds the port, with or without SO_REUSEPORT.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    reuse_port = copies > 1 and hasattr(socket, "SO_REUSEPORT")
+    made: list[socket.socket] = []
+
+    def listen(port: int, shared: bool) -> socket.socket:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        made.append(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise OSError(exc.errno, f"port {port}: {exc.strerror}") from None
+        sock.listen(BACKLOG)
+        return sock
+
+    try:
+        if not reuse_port:
+            first = [listen(port, False) for port in ports]
+            return [first] * copies  # one socket, inherited by every copy
+        for port in ports:
+            listen(port, False).close()
+        return [[listen(port, True) for port in ports] for _ in range(copies)]
+    except OSError:
+        for sock in made:
+            sock.close()
+        raise
+
+
+def setup_logging(tag: str | None = None) -> None:
+    """Logging of an API process: the console and FD_LOG_DIR's files (fd_core.logging_setup);
+    ``tag`` (e.g. ``api-1``) marks each line of one of several workers."""
+    try:
+        from fd_core.logging_setup import setup_logging as setup
+    except ImportError:  # pragma: no cover - a tree without log files
+        logging.basicConfig(level=logging.INFO)
+    else:
+        setup("api_server")
+    if tag is not None:
+        fmt = logging.Formatter(f"%(asctime)s %(levelname)s [{tag}] %(name)s: %(message)s")
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(fmt)
+    else:
+        for handler in logging.getLogger().handlers:
+            if handler.formatter is None:
+                handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+
+def _log_environment() -> None:
+    """The FD_* variables that have no effect here, said once (when envs offers it)."""
+    from fd_core import envs
+
+    log_no_effect = getattr(envs, "log_no_effect", None)
+    if log_no_effect is not None:
+        log_no_effect(logger)
 
 
 def _check_backend(name: str) -> None:
@@ -95,52 +195,40 @@ def _check_parsers(ns: argparse.Namespace) -> None:
         ToolParserManager.get(ns.tool_call_parser)
 
 
-async def _serve(client: Any, ns: argparse.Namespace, server_kwargs: dict[str, Any]) -> int:
-    import uvicorn
-
+def build_apps(client: Any, ns: argparse.Namespace, engine_args: Any, server_kwargs: dict[str, Any],
+               drain: Any, worker: int | None = None) -> list[Any]:
+    """The main app (and the --metrics-port app), with the lifecycle middleware;
+    raises ValueError for a bad server argument."""
+    from fd_core.entrypoints.lifecycle import LifecycleMiddleware
     from fd_core.entrypoints.openai.api_server import ServerArgs, build_app, build_metrics_app
 
     app = build_app(client, ServerArgs(**server_kwargs))
-    servers = [uvicorn.Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level="info",
-                                             timeout_graceful_shutdown=5))]
+    try:
+        from fd_core.entrypoints.openai.config_info import config_info
+    except ImportError:  # pragma: no cover - older tree without /config-info
+        pass
+    else:
+        shown = {**server_kwargs, "host": ns.host, "port": ns.port,
+                 "workers": getattr(ns, "workers", 1), "worker": worker,
+                 "timeout_graceful_shutdown": getattr(ns, "timeout_graceful_shutdown", 0)}
+        app.state.config_info = config_info(engine_args, shown, client.info.model_dir)
+    app.add_middleware(LifecycleMiddleware, drain=drain, worker=worker)
+    apps = [app]
     if ns.metrics_port:
-        servers.append(uvicorn.Server(uvicorn.Config(
-            build_metrics_app(app), host=ns.host, port=ns.metrics_port, log_level="warning")))
-    for server in servers:
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign,attr-defined]
-    exit_code = 0
-    stopping = asyncio.Event()
+        apps.append(build_metrics_app(app))
+    return apps
 
-    def stop(*_: Any) -> None:
-        stopping.set()
 
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop)
+async def _serve_one(client: Any, ns: argparse.Namespace, engine_args: Any, server_kwargs: dict[str, Any],
+                     sockets: list[socket.socket], graceful_timeout: float) -> int:
+    from fd_core.entrypoints.lifecycle import Drain, serve_http
 
-    async def watch_engine() -> None:
-        nonlocal exit_code
-        while not stopping.is_set():
-            if client.dead:
-                logger.error("the engine process died (exit code %s); shutting the server down",
-                             client.process.exitcode)
-                exit_code = 1
-                stopping.set()
-                return
-            await asyncio.sleep(0.5)
-
-    tasks = [asyncio.create_task(s.serve()) for s in servers]
-    watcher = asyncio.create_task(watch_engine())
+    drain = Drain()
+    try:
+        apps = build_apps(client, ns, engine_args, server_kwargs, drain)
+    except ValueError as exc:
+        await client.shutdown()
+        return _fail(str(exc), 2)
     logger.info("serving %s on http://%s:%d (backend %s)", server_kwargs["served_model_names"],
                 ns.host, ns.port, client.info.backend)
-    done_waiter = asyncio.create_task(stopping.wait())
-    finished, _ = await asyncio.wait([*tasks, done_waiter], return_when=asyncio.FIRST_COMPLETED)
-    if any(t in finished for t in tasks) and not stopping.is_set():
-        exit_code = exit_code or 1  # a server stopped by itself (e.g. the port is taken)
-        logger.error("the HTTP server stopped unexpectedly")
-    for server in servers:
-        server.should_exit = True
-    await asyncio.gather(*tasks, return_exceptions=True)
-    watcher.cancel()
-    await client.shutdown()
-    return exit_code
+    return await serve_http(client, list(zip(apps, sockets)), drain, graceful_timeout)

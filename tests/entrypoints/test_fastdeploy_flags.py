@@ -10,7 +10,12 @@ import shlex
 import pytest
 
 from fd_core.config import EngineArgs, UnsupportedFeatureError
-from fd_core.entrypoints.cli import build_parser, engine_args_from, fastdeploy_flag_notes, server_kwargs_from
+from fd_core.entrypoints.cli import (
+    build_parser,
+    engine_args_from,
+    fastdeploy_flag_notes,
+    server_kwargs_from,
+)
 from fd_core.flags import FLAGS, FlagError, by_dest
 
 # FastDeploy 2.x's launch flags as it registers them: the api_server's own flags, then

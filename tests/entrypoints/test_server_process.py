@@ -7,70 +7,13 @@ import asyncio
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
 
+from .server_process import Server
+
 openai = pytest.importorskip("openai")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.port = _free_port()
-        self.log_path = log
-        self.log = open(log, "w")
-        cmd = [sys.executable, "-m", "fd_core.entrypoints.openai.api_server", "--host", "127.0.0.1",
-               "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"server not ready in {timeout} s:\n{self.output()}")
-
-    def output(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text()
-
-    def engine_pid(self) -> int:
-        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-        for pid in children:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-                return int(pid)
-        raise AssertionError(f"no engine process among {children}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +111,24 @@ def test_bad_backend_fails_at_startup(tmp_path, checkpoint_factory):
     assert srv.proc.wait(timeout=60) == 2
     assert "--backend nope: unknown backend 'nope'; installed:" in srv.output()
     srv.stop()
+
+
+def test_bad_backend_fails_before_the_demo_checkpoint_is_generated(tmp_path):
+    srv = Server(["--model", "demo", "--backend", "nosuch"], tmp_path / "log", cwd=tmp_path)
+    assert srv.proc.wait(timeout=60) == 2
+    assert "--backend nosuch" in srv.output() and "'nosuch'" in srv.output()
+    assert not (tmp_path / "checkpoints").exists()  # the demo generates there; nothing was generated
+    srv.stop()
+
+
+def test_bad_lifecycle_flags_fail_at_startup(tmp_path):
+    for flags, named in ((["--workers", "0"], "--workers"), (["--timeout-graceful-shutdown", "-1"],
+                                                              "--timeout-graceful-shutdown")):
+        srv = Server(["--model", "demo", *flags], tmp_path / "log", cwd=tmp_path)
+        assert srv.proc.wait(timeout=60) == 2, srv.output()
+        assert named in srv.output()
+        srv.stop()
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_bad_model_fails_at_startup(tmp_path):

@@ -9,6 +9,7 @@ on that port, and /metrics leaves the main app.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -53,6 +54,7 @@ class ServerArgs:
     # False (--disallow-request-chat-template): a request's own chat_template is a 400
     allow_request_chat_template: bool = True
     tool_parser_plugin: str | None = None  # --tool-parser-plugin FILE: run before parsers are resolved
+    log_requests: bool = True  # --disable-log-requests turns off the INFO line per request
     max_logprobs: int = 20  # --max-logprobs: top logprobs a request may ask for (the engine checks too)
     max_waiting_time: float | None = None  # --max-waiting-time: seconds to the first output, else 408
     extra: dict[str, Any] = field(default_factory=dict)  # room for flags this layer ignores
@@ -160,10 +162,12 @@ def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> Fa
     names = list(args.served_model_names) or [client.info.model_dir]
     max_model_len = args.max_model_len or client.info.max_model_len
     chat_template = load_chat_template(args.chat_template) if args.chat_template else None
+    if not args.log_requests:
+        logging.getLogger("fd_core.entrypoints.openai").setLevel(logging.WARNING)
     if args.tool_parser_plugin:
-        from fd_core.entrypoints.llm_inputs import import_plugin_file
+        from fd_core.parsers import ToolParserManager
 
-        import_plugin_file(args.tool_parser_plugin)  # registers its parsers before they are looked up
+        ToolParserManager.import_tool_parser(args.tool_parser_plugin)  # registers its parsers before they are looked up
     reasoning_cls = resolve_parser("reasoning", args.reasoning_parser)
     tool_cls = resolve_parser("tool-call", args.tool_call_parser)
     metrics = Metrics(stats=client.stats, info=client.info)
