@@ -126,6 +126,9 @@ class SamplingParams:
     logits_processors_args: dict[str, Any] | None = None
     temp_scaled_logprobs: bool = False  # logprobs from logits / temperature
     top_p_normalized_logprobs: bool = False  # logprobs renormalised over the top-p set
+    # a chat-template input FastDeploy's scripts pass here: LLM.chat renders the prompt
+    # with it (as chat_template_kwargs={"enable_thinking": ...}); None = the template's default
+    enable_thinking: bool | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
@@ -160,6 +163,8 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
                      "temp_scaled_logprobs", "top_p_normalized_logprobs"):
             _flag(name, getattr(self, name))
+        if self.enable_thinking is not None:
+            _flag("enable_thinking", self.enable_thinking)
         set_(self, "logprobs", _optional_logprobs("logprobs", self.logprobs))
         set_(self, "prompt_logprobs", _optional_logprobs("prompt_logprobs", self.prompt_logprobs))
         r = self.repetition_penalty

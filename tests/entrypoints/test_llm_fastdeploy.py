@@ -255,3 +255,12 @@ def _engine_fields() -> set[str]:
     from fd_core.config import EngineArgs
 
     return {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def test_sampling_params_enable_thinking_is_a_validated_template_input():
+    from fd_core import SamplingParams
+
+    assert SamplingParams(enable_thinking=False).enable_thinking is False
+    assert SamplingParams().enable_thinking is None
+    with pytest.raises(ValueError, match="enable_thinking must be a bool"):
+        SamplingParams(enable_thinking="no")
