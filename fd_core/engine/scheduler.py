@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from fd_core.engine.config import CacheConfig, SchedulerConfig
 from fd_core.engine.kv_cache_manager import KVCacheManager
+from fd_core.engine.partial_prefills import PartialPrefills
 from fd_core.engine.request import Request, RequestStatus
 from fd_core.engine.scheduler_output import (
     RequestUpdate,
@@ -129,7 +130,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
-        partials = _PartialPrefills(self.config)
+        partials = PartialPrefills(self.config)
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -348,35 +349,3 @@ class Scheduler:
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)
 
-
-class _PartialPrefills:
-    """One step's count of partial prefills (chunks that stop short of the end of
-    the request's tokens), and of long ones among them."""
-
-    def __init__(self, config: SchedulerConfig) -> None:
-        self.max_all = config.max_num_partial_prefills
-        self.max_long = config.max_long_partial_prefills
-        self.long_threshold = config.long_prompt_threshold
-        self.num_all = 0
-        self.num_long = 0
-
-    def _kind(self, req: Request, num_computed: int, num_new: int) -> tuple[bool, bool]:
-        left = req.num_tokens - num_computed
-        return num_new < left, bool(self.long_threshold) and left > self.long_threshold
-
-    def admit(self, req: Request, num_computed: int, num_new: int) -> str:
-        """"ok"; "skip" (a long partial prefill with every long slot taken: the next
-        waiting request may go); "stop" (every partial slot taken)."""
-        partial, long = self._kind(req, num_computed, num_new)
-        if not partial:
-            return "ok"
-        if self.num_all >= self.max_all:
-            return "stop"
-        if long and self.num_long >= self.max_long:
-            return "skip"
-        return "ok"
-
-    def count(self, req: Request, num_computed: int, num_new: int) -> None:
-        partial, long = self._kind(req, num_computed, num_new)
-        self.num_all += partial
-        self.num_long += partial and long

@@ -132,7 +132,11 @@ def _serve(words: list[str], tmp_path) -> tuple[int, str, dict | None]:
                 proc.wait(timeout=60)
 
 
-@pytest.mark.parametrize("page", ["ERNIE-4.5-21B-A3B-Thinking", "ERNIE-4.5-0.3B-Paddle (<= 2.1 extras)"])
+@pytest.mark.parametrize("page", [
+    "ERNIE-4.5-21B-A3B-Thinking", "ERNIE-4.5-0.3B-Paddle (<= 2.1 extras)",
+    pytest.param("ERNIE-4.5-21B-A3B-Paddle", marks=pytest.mark.slow),
+    pytest.param("XPU PaddleOCR-VL line", marks=pytest.mark.slow),
+])
 def test_launch_line_really_serves_a_generated_checkpoint(page, checkpoint_factory, tmp_path):
     _, line, arch, _ = next(x for x in LINES if x[0] == page)
     shape = "tiny-dense" if arch == "dense" else "tiny-moe"
@@ -150,3 +154,15 @@ def test_a_refused_launch_line_exits_2_naming_the_flag_before_loading(checkpoint
     assert code == 2, log
     assert "fd-serve: error: --" in log and "not implemented yet (issue" in log, log
     assert "Traceback" not in log
+
+
+def test_disable_log_requests_leaves_no_line_per_request(checkpoint_factory, tmp_path):
+    model = checkpoint_factory("tiny-dense", "paddle")
+    words = ["--model", str(model), "--max-model-len", "256", "--num-gpu-blocks-override", "64"]
+    code, log, _ = _serve(words, tmp_path)
+    assert code == 0 and " done: prompt " in log and '"POST /v1/chat/completions HTTP/1.1" 200' in log, log
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    code, log, _ = _serve([*words, "--disable-log-requests"], quiet)
+    assert code == 0, log
+    assert " done: prompt " not in log and "POST /v1/chat/completions" not in log, log

@@ -162,8 +162,9 @@ def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> Fa
     names = list(args.served_model_names) or [client.info.model_dir]
     max_model_len = args.max_model_len or client.info.max_model_len
     chat_template = load_chat_template(args.chat_template) if args.chat_template else None
-    if not args.log_requests:
+    if not args.log_requests:  # our INFO line per request, and uvicorn's access line
         logging.getLogger("fd_core.entrypoints.openai").setLevel(logging.WARNING)
+        logging.getLogger("uvicorn.access").disabled = True  # a level would be reset by uvicorn.Config
     if args.tool_parser_plugin:
         from fd_core.parsers import ToolParserManager
 
