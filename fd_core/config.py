@@ -19,6 +19,10 @@ __all__ = ["EngineArgs", "UnsupportedFeatureError", "host_available_bytes", "hos
 
 GIB = 1 << 30
 SWAP_FRACTION = 0.5  # --swap-space may take at most this share of the host memory available
+# the CPU backends' KV pool takes at most this share of the host memory left after the weights
+# (and at most --gpu-memory-utilization of it): host memory is shared with the API processes,
+# activations and the rest of the machine, unlike an accelerator's
+CPU_KV_SHARE = 0.5
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +179,9 @@ def kv_cache_blocks(
     (``ceil(max_model_len / block_size) * max_num_seqs`` blocks), 25% more
     with prefix caching (freed prefixes then survive while a full batch of
     full-length requests runs), plus the null block. That is capped by the
-    budget: ``gpu_memory_utilization`` of the host memory free now, and
+    budget: ``min(gpu_memory_utilization, CPU_KV_SHARE)`` of the host memory
+    free once the weights are loaded (the engine sizes the cache after
+    loading), and
     ``FD_CPU_KVCACHE_SPACE`` GiB when set (unset = no cap beyond the first).
     Under the cap the scheduler preempts when blocks run out. A budget that
     cannot hold one ``max_model_len`` sequence raises ``ValueError`` naming
@@ -196,8 +202,11 @@ def kv_cache_blocks(
     per_seq = -(-args.max_model_len // args.block_size)
     need = per_seq * args.max_num_seqs
     wanted = (-(-need * 5 // 4) if args.enable_prefix_caching else need) + 1  # + the null block
-    budget = int(free_bytes * args.gpu_memory_utilization)
-    limit = f"--gpu-memory-utilization {args.gpu_memory_utilization} of {free_bytes / GIB:.2f} GiB free"
+    share = min(args.gpu_memory_utilization, CPU_KV_SHARE)
+    budget = int(free_bytes * share)
+    limit = (f"--gpu-memory-utilization {args.gpu_memory_utilization} of {free_bytes / GIB:.2f} GiB free"
+             if share == args.gpu_memory_utilization else
+             f"{CPU_KV_SHARE:g} of the {free_bytes / GIB:.2f} GiB of host memory free after the weights")
     space = envs.get("FD_CPU_KVCACHE_SPACE")  # GiB, or None: size to need
     if space is not None and space * GIB < budget:
         budget = int(space * GIB)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from fd_core import envs
 from fd_core.backends import get_backend
 from fd_core.config import EngineArgs, host_available_bytes, host_swap_blocks, kv_cache_blocks
 from fd_core.engine.config import CacheConfig, SchedulerConfig
@@ -37,6 +38,7 @@ from fd_core.sampling.reasoning_budget import (
     THINK_START,
     TURN_BOUNDARIES,
     ThinkingTokens,
+    forced_sequence,
 )
 from fd_core.sampling.sampler import Sampler, SamplingState
 
@@ -79,20 +81,35 @@ def default_seed(base: int, k: int) -> int:
 
 
 def thinking_tokens(tokenizer_dir: str | Path) -> ThinkingTokens | None:
-    """The tokenizer's ``</think>`` / ``<think>`` / turn-boundary ids, or None
-    when it has no ``</think>`` token (or no tokenizer is there)."""
+    """The tokenizer's ``</think>`` / ``<think>`` / turn-boundary ids and the
+    tokens of FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR, or None when it has no
+    ``</think>`` token (or no tokenizer is there). ValueError naming the
+    variable when its value does not tokenize to text holding ``</think>``."""
     from fd_core.tokenizer import Tokenizer
 
+    name = "FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR"
+    truncate = envs.get(name)
     try:
-        added = Tokenizer.from_pretrained(tokenizer_dir).added_tokens
+        tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
     except (FileNotFoundError, OSError, ValueError) as e:
         logger.info("no tokenizer in %s (%s): reasoning_max_tokens is unavailable", tokenizer_dir, e)
         return None
+    added = tokenizer.added_tokens
     if THINK_END not in added:
+        if truncate != THINK_END:
+            logger.warning("%s=%r has no effect: the tokenizer in %s has no %s token",
+                           name, truncate, tokenizer_dir, THINK_END)
         return None
+    try:
+        forced = forced_sequence(truncate, tokenizer)
+    except ValueError as e:
+        raise ValueError(f"environment variable {name}={truncate!r} cannot be forced by this model's "
+                         f"tokenizer ({tokenizer_dir}): {e}") from None
+    logger.debug("thinking budget forces %r as tokens %s", truncate, list(forced))
     return ThinkingTokens(
         end_id=added[THINK_END], start_id=added.get(THINK_START),
         boundary_ids=frozenset(added[t] for t in TURN_BOUNDARIES if t in added),
+        forced_ids=forced,
     )
 
 
@@ -122,6 +139,7 @@ class EngineCore:
                 f"max_position_embeddings {model_config.max_position_embeddings}"
             )
         self.model_config = model_config
+        self.thinking = thinking_tokens(args.tokenizer or self.model_dir)
         self.quantization = parse_quantization(args.quantization, model_config.architecture,
                                                lm_head_fp32=args.lm_head_fp32)
         if self.quantization is not None:
@@ -129,12 +147,18 @@ class EngineCore:
                                    self.quantization, model_config.is_moe)
         per_block = ModelRunner.kv_bytes_per_block(model_config, args.block_size)
         self.backend.set_device(0)
+        # load the weights first, then size the KV cache from the memory they left
+        self.runner = ModelRunner(
+            self.model_dir, self.backend, block_size=args.block_size, max_model_len=args.max_model_len,
+            quantization=self.quantization,
+        )
         memory = self.backend.memory(0)
         num_blocks = kv_cache_blocks(args, per_block, self.backend.info.device_type,
                                      memory.total_bytes, memory.free_bytes)
         num_host_blocks = host_swap_blocks(
             args.swap_space, per_block, host_available_bytes(),
             num_blocks * per_block if self.backend.info.device_type == "cpu" else 0)
+        self.runner.allocate_kv_cache(num_blocks, num_host_blocks)
         self.cache_config = CacheConfig(
             num_blocks=num_blocks, block_size=args.block_size, num_host_blocks=num_host_blocks,
             enable_prefix_caching=args.enable_prefix_caching,
@@ -147,15 +171,9 @@ class EngineCore:
             max_long_partial_prefills=args.max_long_partial_prefills,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config)
-        self.runner = ModelRunner(
-            self.model_dir, self.backend, num_blocks=num_blocks, block_size=args.block_size,
-            max_model_len=args.max_model_len, num_host_blocks=num_host_blocks,
-            quantization=self.quantization,
-        )
         self.runner.warmup()
         self.sampler = Sampler(self.backend.ops, model_config.vocab_size,
                                logits_processors=processors, early_stop=early_stop)
-        self.thinking = thinking_tokens(args.tokenizer or self.model_dir)
         self._num_unseeded = 0  # unseeded requests so far: k of default_seed(args.seed, k)
         self._states: dict[str, SamplingState] = {}
         self._prompt_logprobs: dict[str, list[PositionLogprobs | None]] = {}

@@ -54,14 +54,16 @@ class ModelRunner:
         self,
         model_dir: str | Path,
         backend: Backend,
-        num_blocks: int,
+        num_blocks: int | None = None,
         block_size: int = 64,
         max_model_len: int | None = None,
         device_id: int = 0,
         num_host_blocks: int = 0,
         quantization: Any = None,
     ) -> None:
-        """``quantization``: a ``fd_core.quantization.QuantizationConfig`` or None."""
+        """Load the model. ``num_blocks``: allocate the KV cache now; None leaves it
+        to ``allocate_kv_cache`` (the engine sizes it from the memory the weights
+        left). ``quantization``: a ``fd_core.quantization.QuantizationConfig`` or None."""
         self.backend = backend
         self.ops = backend.ops
         backend.set_device(device_id)
@@ -73,18 +75,27 @@ class ModelRunner:
                 f"max_position_embeddings {self.config.max_position_embeddings}"
             )
         self.block_size = block_size
-        self.num_blocks = num_blocks
         self.model = load_model(model_dir, self.ops, self.max_model_len, self.config, quantization)
         # bytes the loaded weights hold (quantized: codes + scales), for benchmarks and logs
         self.weight_bytes: int = self.model.weight_bytes() if hasattr(self.model, "weight_bytes") else 0
+        self.num_blocks = 0
+        self.kv_caches: list[KVCache] = []
+        self.host_caches: list[KVCache] = []
+        if num_blocks is not None:
+            self.allocate_kv_cache(num_blocks, num_host_blocks)
+
+    def allocate_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
+        """The paged KV cache (one K and one V pool per layer, block 0 the null
+        block) and, with ``num_host_blocks``, its host (swap) tier."""
         c = self.config
+        self.num_blocks = num_blocks
         self.kv_caches = [
-            KVCache(*self.ops.allocate_kv_cache(num_blocks, block_size, c.num_kv_heads, c.head_dim, "float32"))
+            KVCache(*self.ops.allocate_kv_cache(num_blocks, self.block_size, c.num_kv_heads, c.head_dim, "float32"))
             for _ in range(c.num_layers)
         ]
         self.host_caches = [
             KVCache(*self.ops.allocate_kv_cache(
-                num_host_blocks, block_size, c.num_kv_heads, c.head_dim, "float32", location="host"))
+                num_host_blocks, self.block_size, c.num_kv_heads, c.head_dim, "float32", location="host"))
             for _ in range(c.num_layers)
         ] if num_host_blocks else []
 

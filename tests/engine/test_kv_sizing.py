@@ -73,8 +73,17 @@ def test_a_budget_below_one_full_sequence_names_the_numbers(kvcache_space):
                  "--num-gpu-blocks-override"):
         assert part in message, (part, message)
     kvcache_space(None)
-    with pytest.raises(ValueError, match="--gpu-memory-utilization 0.9 of 0.10 GiB free"):
+    with pytest.raises(ValueError, match="0.5 of the 0.10 GiB of host memory free after the weights"):
         cpu_blocks(args(), free_bytes=GIB // 10)
+    with pytest.raises(ValueError, match="--gpu-memory-utilization 0.3 of 0.10 GiB free"):
+        cpu_blocks(args(gpu_memory_utilization=0.3), free_bytes=GIB // 10)
+
+
+def test_the_cpu_pool_leaves_half_the_host_memory_to_the_rest(kvcache_space):
+    # FastDeploy's 0.3B line (--max-model-len 32768 --max-num-seqs 128) wants far more than the host:
+    # the pool takes half of what the weights left, never gpu_memory_utilization 0.9 of it
+    wanted = args(max_model_len=32768, max_num_seqs=128)
+    assert cpu_blocks(wanted, free_bytes=20 * GIB) == 10 * GIB // BLOCK
 
 
 def test_exactly_one_full_sequence_fits(kvcache_space):
