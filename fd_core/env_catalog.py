@@ -96,8 +96,6 @@ NO_EFFECT: dict[str, str] = {
     "FD_DEBUG_SERIALIZE_MODEL_PATH": "weights are never serialized for debugging",
     "FD_CACHE_PROC_EXIT_TIMEOUT": _NO_CACHE_PROCESS,
     "FD_CACHE_PROC_ERROR_COUNT": _NO_CACHE_PROCESS,
-    "FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR":
-        "the thinking budget (reasoning_max_tokens) always closes reasoning with </think>, FastDeploy's default",
     # server and logging
     "FD_SUPPORT_MAX_CONNECTIONS": "the HTTP server takes any number of connections; --max-concurrency limits requests",
     "FD_ENABLE_MULTI_API_SERVER": "several API processes are started with --workers",

@@ -95,6 +95,21 @@ def _choice(default: str | None, choices: tuple[str, ...], upper: bool = False,
     return parse
 
 
+THINK_END = "</think>"
+
+
+def _think_truncate_str(raw: str | None) -> str:
+    # kept verbatim (the newlines matter); a written "\n" means a newline, for
+    # env files and shells where a real one is awkward
+    if raw is None or raw == "":
+        return THINK_END
+    value = raw.replace("\\n", "\n")
+    if THINK_END not in value:
+        raise ValueError(f"expected text containing {THINK_END!r} (FastDeploy's {THINK_END!r} or "
+                         f"'\\n{THINK_END}\\n\\n'), got {raw!r}")
+    return value
+
+
 # FastDeploy's attention backends; here attention is the --backend plugin's own kernel
 ATTENTION_BACKENDS = ("APPEND_ATTN", "NATIVE_ATTN", "MLA_ATTN", "FLASH_ATTN", "FLASH_MASK_ATTN",
                       "BLOCK_ATTN", "PADDLE_NATIVE", "MOBA_ATTN", "DSA_ATTN")
@@ -125,6 +140,10 @@ VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
                                    "also the Hugging Face cache directory searched"),
     "FD_ATTENTION_BACKEND": (_choice(None, ATTENTION_BACKENDS, upper=True),
                              "accepted and checked; attention is the --backend plugin's kernel"),
+    "FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR": (
+        _think_truncate_str,
+        "what the thinking budget (reasoning_max_tokens) forces when it is spent, tokenized once at "
+        "engine start: '</think>' (default, ERNIE-4.5-VL) or '\\n</think>\\n\\n' (ERNIE-X1)"),
 }
 
 _cache: dict[str, Any] = {}

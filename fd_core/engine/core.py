@@ -9,18 +9,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from fd_core import envs
 from fd_core.backends import get_backend
 from fd_core.config import EngineArgs, host_available_bytes, host_swap_blocks, kv_cache_blocks
 from fd_core.engine.config import CacheConfig, SchedulerConfig
 from fd_core.engine.model_runner import ModelRunner, StepInput
 from fd_core.engine.outputs import EngineCoreOutput, Logprob, PositionLogprobs
 from fd_core.engine.request import Request, RequestStatus
+from fd_core.engine.request_setup import default_seed, thinking_tokens
 from fd_core.engine.scheduler import Scheduler
 from fd_core.model_loader import resolve_model_path
 from fd_core.models.config import load_config
@@ -33,13 +30,6 @@ from fd_core.sampling.logits_processors import (
 )
 from fd_core.sampling.logprobs import Logprobs, compute_prompt_logprobs
 from fd_core.sampling.params import SamplingParams
-from fd_core.sampling.reasoning_budget import (
-    THINK_END,
-    THINK_START,
-    TURN_BOUNDARIES,
-    ThinkingTokens,
-    forced_sequence,
-)
 from fd_core.sampling.sampler import Sampler, SamplingState
 
 __all__ = ["EngineCore", "EngineCoreRequest", "StepStats"]
@@ -71,46 +61,6 @@ class StepStats:
     forward_seconds: float = 0.0
     sample_seconds: float = 0.0
     step_seconds: float = 0.0
-
-
-def default_seed(base: int, k: int) -> int:
-    """The seed of the ``k``-th unseeded request (0-based, in arrival order)
-    of an engine started with ``--seed base``: a 63-bit mix of both."""
-    state = np.random.SeedSequence([base % 2**64, k]).generate_state(1, np.uint64)
-    return int(state[0]) >> 1
-
-
-def thinking_tokens(tokenizer_dir: str | Path) -> ThinkingTokens | None:
-    """The tokenizer's ``</think>`` / ``<think>`` / turn-boundary ids and the
-    tokens of FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR, or None when it has no
-    ``</think>`` token (or no tokenizer is there). ValueError naming the
-    variable when its value does not tokenize to text holding ``</think>``."""
-    from fd_core.tokenizer import Tokenizer
-
-    name = "FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR"
-    truncate = envs.get(name)
-    try:
-        tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
-    except (FileNotFoundError, OSError, ValueError) as e:
-        logger.info("no tokenizer in %s (%s): reasoning_max_tokens is unavailable", tokenizer_dir, e)
-        return None
-    added = tokenizer.added_tokens
-    if THINK_END not in added:
-        if truncate != THINK_END:
-            logger.warning("%s=%r has no effect: the tokenizer in %s has no %s token",
-                           name, truncate, tokenizer_dir, THINK_END)
-        return None
-    try:
-        forced = forced_sequence(truncate, tokenizer)
-    except ValueError as e:
-        raise ValueError(f"environment variable {name}={truncate!r} cannot be forced by this model's "
-                         f"tokenizer ({tokenizer_dir}): {e}") from None
-    logger.debug("thinking budget forces %r as tokens %s", truncate, list(forced))
-    return ThinkingTokens(
-        end_id=added[THINK_END], start_id=added.get(THINK_START),
-        boundary_ids=frozenset(added[t] for t in TURN_BOUNDARIES if t in added),
-        forced_ids=forced,
-    )
 
 
 def _position_logprobs(entry: Logprobs) -> PositionLogprobs:

@@ -8,8 +8,9 @@ Order of work in ``Sampler.sample`` (as vLLM v1):
 4. repetition, presence and frequency penalties (``penalties``);
 5. the backend's ``sample`` op: temperature, min-p -> top-k -> top-p and the
    draw; greedy rows take the argmax of the processed logits;
-6. the thinking budget may replace the drawn token by ``</think>``
-   (``reasoning_budget``); logprobs describe the token finally emitted;
+6. the thinking budget may replace the drawn token by one of its forced
+   sequence (``</think>`` by default; ``reasoning_budget``); logprobs
+   describe the token finally emitted;
 7. with early stop on, each row's confidence run is updated (``early_stop``).
 
 Reproducibility: every request owns a numpy ``Generator`` (seeded from
@@ -131,7 +132,8 @@ class SamplingState:
                     "this one has none, so the reasoning cannot be closed"
                 )
             if not prompt_ends_reasoning(prompt_token_ids, thinking):
-                reasoning = ReasoningBudget(params.reasoning_max_tokens, thinking.end_id)
+                reasoning = ReasoningBudget(params.reasoning_max_tokens, thinking.end_id,
+                                            thinking.forced_ids)
         return cls(
             params=params,
             generator=new_generator(params.seed),

@@ -8,8 +8,10 @@ import itertools
 
 import pytest
 
+from fd_core import envs
 from fd_core.config import EngineArgs
-from fd_core.engine.core import EngineCore, EngineCoreRequest, default_seed
+from fd_core.engine.core import EngineCore, EngineCoreRequest
+from fd_core.engine.request_setup import default_seed
 from fd_core.sampling.params import SamplingParams
 from fd_core.tokenizer import Tokenizer
 
@@ -115,6 +117,73 @@ def test_budget_survives_preemption(dense, tokens):
     assert _run(tight, prompts, params) == roomy
     assert tight.scheduler.num_preemptions > 0
     assert all(out[30] == think_end and think_end not in out[:30] for out, _ in roomy)
+
+
+TRUNCATE = "FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR"
+
+
+@pytest.fixture
+def x1_core(dense, monkeypatch):
+    """An engine started with ERNIE-X1's strategy, "\\n</think>\\n\\n"."""
+    monkeypatch.setenv(TRUNCATE, "\n</think>\n\n")
+    envs.reset()
+    yield _core(dense)
+    monkeypatch.delenv(TRUNCATE)
+    envs.reset()
+
+
+def test_the_string_strategy_forces_its_tokens_from_token_n_plus_1(x1_core, core, tokens, dense):
+    think_end, n = tokens["</think>"], 5
+    newline = Tokenizer.from_pretrained(dense).encode("\n")
+    assert len(newline) == 1  # the tiny vocabulary's newline is its byte piece <0x0A>
+    forced = [newline[0], think_end, newline[0], newline[0]]
+    assert x1_core.thinking.forced_ids == tuple(forced)
+    assert core.thinking.forced_ids == (think_end,)  # the default forces </think> alone
+    base = SamplingParams(max_tokens=n + 6, temperature=0, ignore_eos=True,
+                          bad_words_token_ids=[think_end])
+    budgeted = base.replace(reasoning_max_tokens=n)
+    (out, reason), = _run(x1_core, PROMPTS[:1], budgeted)
+    (free, _), = _run(x1_core, PROMPTS[:1], base)
+    assert reason == "length" and len(out) == n + 6
+    assert out[:n] == free[:n] and out[n:n + 4] == forced
+    (default, _), = _run(core, PROMPTS[:1], budgeted)
+    assert default[:n + 1] == free[:n] + [think_end]
+
+
+def test_max_tokens_stops_a_request_in_the_middle_of_the_forced_tokens(x1_core, tokens):
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, reasoning_max_tokens=2,
+                            bad_words_token_ids=[tokens["</think>"]])
+    (out, reason), = _run(x1_core, PROMPTS[:1], params)
+    assert reason == "length" and out[2:] == list(x1_core.thinking.forced_ids[:2])
+
+
+def test_the_string_strategy_survives_preemption(dense, tokens, monkeypatch):
+    monkeypatch.setenv(TRUNCATE, "\n</think>\n\n")
+    envs.reset()
+    try:
+        roomy_core = _core(dense)
+        tight = _core(dense, num_gpu_blocks_override=12, max_num_batched_tokens=64)
+    finally:
+        envs.reset()
+    forced = list(roomy_core.thinking.forced_ids)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, reasoning_max_tokens=30,
+                            bad_words_token_ids=[tokens["</think>"]])
+    prompts = [[100 + i] * 30 for i in range(6)]
+    roomy = _run(roomy_core, prompts, params)
+    assert _run(tight, prompts, params) == roomy
+    assert tight.scheduler.num_preemptions > 0
+    assert all(out[30:34] == forced for out, _ in roomy)
+
+
+@pytest.mark.parametrize("value", ["\n\n", "</think", "\\n\\n"])
+def test_a_truncate_str_without_think_end_is_refused_at_start(dense, monkeypatch, value):
+    monkeypatch.setenv(TRUNCATE, value)
+    envs.reset()
+    try:
+        with pytest.raises(ValueError, match=f"{TRUNCATE}.*'</think>'"):
+            _core(dense)
+    finally:
+        envs.reset()
 
 
 def test_budget_on_a_model_without_think_end_is_refused(core, monkeypatch):

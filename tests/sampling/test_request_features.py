@@ -10,6 +10,7 @@ import numpy as np
 import paddle
 import pytest
 
+from fd_core import envs
 from fd_core.sampling.early_stop import EarlyStopConfig
 from fd_core.sampling.logits_processors import (
     LogitBiasLogitsProcessor,
@@ -20,7 +21,12 @@ from fd_core.sampling.logits_processors import (
 )
 from fd_core.sampling.logprobs import EXCLUDED_LOGPROB
 from fd_core.sampling.params import SamplingParams
-from fd_core.sampling.reasoning_budget import ReasoningBudget, ThinkingTokens, prompt_ends_reasoning
+from fd_core.sampling.reasoning_budget import (
+    ReasoningBudget,
+    ThinkingTokens,
+    forced_sequence,
+    prompt_ends_reasoning,
+)
 from fd_core.sampling.sampler import Sampler, SamplingState
 
 V = 40
@@ -229,6 +235,117 @@ def test_no_budget_when_the_prompt_closed_reasoning_or_unset():
 def test_budget_without_think_end_token_is_refused():
     with pytest.raises(ValueError, match="reasoning_max_tokens needs a model whose tokenizer has"):
         _state(reasoning_max_tokens=2, max_tokens=5)
+
+
+NL = 10  # the newline token of the "\n</think>\n\n" strategy below
+X1 = ThinkingTokens(end_id=31, start_id=30, boundary_ids=frozenset({3}), forced_ids=(NL, 31, NL, NL))
+
+
+def test_the_string_strategy_forces_its_whole_sequence_from_token_n_plus_1(ops):
+    n = 3
+    sampler = Sampler(ops, V, "sort")
+    logits = np.zeros((1, V), np.float32)
+    logits[0, 7] = 10.0  # greedy always picks 7
+    state = _state(temperature=0.0, reasoning_max_tokens=n, max_tokens=12, thinking=X1)
+    for _ in range(n + 6):
+        state.output_token_ids.append(sampler.sample(_tensor(logits), [state]).sampled_token_ids[0])
+    assert state.output_token_ids == [7] * n + [NL, 31, NL, NL] + [7, 7]
+
+
+def test_forcing_runs_to_its_end_whatever_is_sampled():
+    budget = ReasoningBudget(2, 31, (NL, 31, NL, NL))
+    out = [7, 7]
+    for sampled in (9, 31, 2, 31, 2):  # </think> and EOS while forcing change nothing
+        out.append(budget.next_token(out, sampled, (2,)))
+    assert out == [7, 7, NL, 31, NL, NL, 2]  # after the sequence: the model's own tokens
+
+
+def test_string_strategy_state_comes_from_the_output_alone():
+    forced = (NL, 31, NL, NL)
+    for k in range(len(forced)):  # a fresh budget (recomputed request) resumes mid-sequence
+        assert ReasoningBudget(2, 31, forced).next_token([7, 7, *forced[:k]], 9, (2,)) == forced[k]
+    assert ReasoningBudget(2, 31, forced).next_token([7, 7, *forced], 9, (2,)) == 9
+    # the model closed the reasoning itself, before or at the budget: nothing forced
+    assert ReasoningBudget(2, 31, forced).next_token([7, 31], 9, (2,)) == 9
+    assert ReasoningBudget(2, 31, forced).next_token([7, 7], 31, (2,)) == 31
+    assert ReasoningBudget(2, 31, forced).next_token([7, 7, 31], 9, (2,)) == 9
+    # a natural newline before the budget forces nothing
+    assert ReasoningBudget(5, 31, forced).next_token([7, NL], 9, (2,)) == 9
+
+
+def test_eos_while_thinking_starts_the_string_sequence():
+    budget = ReasoningBudget(10, 31, (NL, 31, NL, NL))
+    out = [7]
+    for _ in range(5):
+        out.append(budget.next_token(out, 2, (2,)))
+    assert out == [7, NL, 31, NL, NL, 2]
+    assert budget.next_token([7], 9, (2,)) == 9  # rolled back before the EOS: forgotten
+    assert budget.next_token([7, NL], 9, (2,)) == 9
+
+
+class _Tokenizer:
+    """What forced_sequence reads of fd_core.tokenizer.Tokenizer, over a toy vocabulary."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces  # id -> text; id 0 is <unk>
+        self.added_tokens = {p: i for i, p in enumerate(pieces) if p.startswith("<")}
+
+    def convert_tokens_to_ids(self, piece):
+        return self.pieces.index(piece) if piece in self.pieces else 0
+
+    def convert_ids_to_tokens(self, i):
+        return self.pieces[i]
+
+    def encode(self, text):
+        ids, rest = [], text
+        while rest:
+            piece = max((p for p in self.pieces[1:] if rest.startswith(p)), key=len, default=None)
+            ids.append(0 if piece is None else self.pieces.index(piece))
+            rest = rest[len(piece or rest[0]):]
+        return ids
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids)
+
+
+def test_forced_sequence_uses_the_newline_token_for_each_newline():
+    tok = _Tokenizer(["<unk>", "\n", "\n\n", "</think>", "ok"])
+    assert forced_sequence("\n</think>\n\n", tok) == (1, 3, 1, 1)  # never the "\n\n" piece
+    assert forced_sequence("</think>", tok) == (3,)
+    assert forced_sequence("ok</think>", tok) == (4, 3)
+    with pytest.raises(ValueError, match="decode to"):
+        forced_sequence("zz</think>", tok)  # "z" is unknown to this vocabulary
+    with pytest.raises(ValueError, match="no newline token"):
+        forced_sequence("\n</think>", _Tokenizer(["<unk>", "</think>"]))
+    with pytest.raises(ValueError, match="has no '</think>' token"):
+        forced_sequence("</think>", _Tokenizer(["<unk>", "\n"]))
+
+
+@pytest.mark.parametrize("raw,expected", [
+    (None, "</think>"), ("", "</think>"), ("\n</think>\n\n", "\n</think>\n\n"),
+    ("\\n</think>\\n\\n", "\n</think>\n\n"),  # a written \n is a newline
+])
+def test_truncate_str_values(monkeypatch, raw, expected):
+    name = "FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR"
+    if raw is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, raw)
+    envs.reset()
+    try:
+        assert envs.get(name) == expected
+    finally:
+        envs.reset()
+
+
+def test_a_truncate_str_without_think_end_is_refused(monkeypatch):
+    monkeypatch.setenv("FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR", "\n\n")
+    envs.reset()
+    try:
+        with pytest.raises(ValueError, match="FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR.*'</think>'"):
+            envs.check_values()
+    finally:
+        envs.reset()
 
 
 # ------------------------------------------------------------------- early stop
