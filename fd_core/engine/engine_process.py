@@ -38,7 +38,7 @@ from typing import Any
 import zmq
 
 from fd_core.config import EngineArgs
-from fd_core.engine.client import EngineDeadError, EngineInfo
+from fd_core.engine.client import EngineDeadError, EngineInfo, engine_info_of
 
 __all__ = ["EngineEndpoint", "EngineProcessView", "run_engine_process", "start_engine_process",
            "stop_engine_process"]
@@ -67,8 +67,7 @@ def run_engine_process(args: EngineArgs, address: str, ready: Any) -> None:
     try:
         _setup_logging()
         core = EngineCore(args)
-        info = EngineInfo(str(core.model_dir), args.max_model_len, core.model_config.vocab_size,
-                          core.cache_config.num_blocks, core.cache_config.block_size, core.backend.name)
+        info = engine_info_of(core)
     except BaseException:
         ready.send(("error", traceback.format_exc()))
         raise SystemExit(1) from None

@@ -215,7 +215,10 @@ def build_apps(client: Any, ns: argparse.Namespace, engine_args: Any, server_kwa
     app.add_middleware(LifecycleMiddleware, drain=drain, worker=worker)
     apps = [app]
     if ns.metrics_port:
-        apps.append(build_metrics_app(app))
+        metrics_app = build_metrics_app(app)
+        if worker is not None:  # its answers name the worker too (any worker shows the whole server)
+            metrics_app.add_middleware(LifecycleMiddleware, drain=drain, worker=worker)
+        apps.append(metrics_app)
     return apps
 
 

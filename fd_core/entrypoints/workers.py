@@ -7,7 +7,10 @@ connections evenly over them; one shared socket where that option is missing),
 attaches to the engine over its IPC socket, and runs the HTTP app with its own
 tokenizer, output processor and per-request metrics; the engine routes each
 request's outputs back to the worker that sent it and its stats to all. An
-answer names its worker in the ``x-fd-worker`` header (0 .. N-1).
+answer names its worker in the ``x-fd-worker`` header (0 .. N-1). The workers
+keep their metrics in one directory the main process makes for the run and
+removes at exit (``fd_core.metrics.multiprocess``), so /metrics, answered by
+any worker, shows the whole server.
 
 The main process only supervises:
 - SIGINT/SIGTERM: SIGTERM to every worker, each drains as a single server
@@ -54,6 +57,7 @@ def run_workers(ns: argparse.Namespace, engine_args: Any, server_kwargs: dict[st
         start_engine_process,
         stop_engine_process,
     )
+    from fd_core.metrics import multiprocess
 
     ctx = multiprocessing.get_context("spawn")
     logger.info("starting the engine process for %s", engine_args.model)
@@ -68,12 +72,15 @@ def run_workers(ns: argparse.Namespace, engine_args: Any, server_kwargs: dict[st
     if limit:  # --max-concurrency is for the server: each worker takes its share (as FastDeploy does)
         server_kwargs = {**server_kwargs, "max_concurrency": -(-limit // n)}
     workers: list[Any] = []
+    metrics_dir = ""
     try:
-        for i in range(n):
-            proc = ctx.Process(target=_worker_main, name=f"fd-api-{i}", args=(
-                i, ns, engine_args, server_kwargs, endpoint, view, sockets[i], graceful_timeout))
-            proc.start()
-            workers.append(proc)
+        metrics_dir = multiprocess.make_shared_dir()
+        with multiprocess.worker_environment(metrics_dir):
+            for i in range(n):
+                proc = ctx.Process(target=_worker_main, name=f"fd-api-{i}", args=(
+                    i, ns, engine_args, server_kwargs, endpoint, view, sockets[i], graceful_timeout, metrics_dir))
+                proc.start()
+                workers.append(proc)
         _close(sockets)  # the workers hold their own copies
         logger.info("serving %s on http://%s:%d with %d API workers (pids %s) and one engine (backend %s)",
                     server_kwargs["served_model_names"], ns.host, ns.port, n,
@@ -86,6 +93,8 @@ def run_workers(ns: argparse.Namespace, engine_args: Any, server_kwargs: dict[st
                 proc.join(timeout=10)
         stop_engine_process(engine, endpoint.address)
         shutil.rmtree(socket_dir, ignore_errors=True)
+        if metrics_dir:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def _close(sockets: list[list[socket.socket]]) -> None:
@@ -172,8 +181,10 @@ class _Supervisor:
 
 
 def _worker_main(index: int, ns: argparse.Namespace, engine_args: Any, server_kwargs: dict[str, Any],
-                 endpoint: Any, view: Any, sockets: list[socket.socket], graceful_timeout: float) -> None:
-    """Main of API worker ``index``: attach to the engine and serve until stopped."""
+                 endpoint: Any, view: Any, sockets: list[socket.socket], graceful_timeout: float,
+                 metrics_dir: str) -> None:
+    """Main of API worker ``index``: attach to the engine and serve until stopped;
+    its metrics go to ``metrics_dir``, shared by all workers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole group; the main process decides
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped before serving: nothing to drain
     from fd_core.engine.mp_engine import MPEngineClient
@@ -185,6 +196,9 @@ def _worker_main(index: int, ns: argparse.Namespace, engine_args: Any, server_kw
     setup_logging(f"api-{index}")  # the main process has checked that it works
 
     try:
+        from fd_core.metrics import multiprocess
+
+        multiprocess.enable(metrics_dir)  # before build_apps makes this worker's Metrics
         client = MPEngineClient(engine_args, endpoint=endpoint, process=view)
     except Exception:
         logger.exception("API worker %d could not start", index)

@@ -14,6 +14,11 @@ ends (its last output, or None when it ended before any); ``render`` is the
 the latest ``EngineStats``, corrected by what this process knows, so the
 gauges are right before the first request and right after aborts).
 
+With several API processes (``--workers N``) the worker that answers a
+scrape shows server-wide numbers (``multiprocess``): per-request counters and
+histograms summed over the workers, engine gauges (``multiprocess_mode=
+"mostrecent"``, refreshed by the answering worker) and engine totals once.
+
 Two FastDeploy counters stay 0 by construction: ``prefix_storage_cache_token_num``
 (no external KV storage tier) and ``send_cache_failed_num`` (no KV transfer
 between instances).
@@ -35,6 +40,7 @@ from prometheus_client import (
 
 from fd_core.engine.client import EngineInfo, EngineStats
 from fd_core.engine.outputs import RequestOutput
+from fd_core.metrics import multiprocess
 from fd_core.metrics.engine_view import engine_view
 
 __all__ = ["METRIC_PREFIX", "Metrics"]
@@ -61,6 +67,11 @@ _LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
                     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 _TOKEN_BUCKETS = _buckets_1_2_5(33792)
 _RATIO_BUCKETS = [0.1, 0.2, 0.5, *_buckets_1_2_5(10000)]  # output tokens per second of one request
+# counters that follow engine totals (or stay 0): the same in every API process
+_ENGINE_COUNTERS = ("request_preempted", "prefix_cache_token_num", "prefix_gpu_cache_token_num",
+                    "prefix_cpu_cache_token_num", "prefix_storage_cache_token_num", "send_cache_failed_num")
+# hit_req_rate's parts, summed over API processes; never exported themselves
+_FINISHED, _FINISHED_WITH_HITS = "fd_core:finished_requests", "fd_core:finished_requests_with_prefix_hits"
 
 
 class Metrics:
@@ -83,7 +94,8 @@ class Metrics:
         self._in_flight = 0  # generation requests of this process handed to the engine, not ended
         self._last_end = 0.0  # time.time() the latest of them ended
         r, p = self.registry, METRIC_PREFIX
-        gauge = lambda name, doc: Gauge(p + name, doc, registry=r)  # noqa: E731
+        # engine gauges: with several API processes the latest refresh (the answering one's) is shown
+        gauge = lambda name, doc: Gauge(p + name, doc, registry=r, multiprocess_mode="mostrecent")  # noqa: E731
         counter = lambda name, doc: Counter(p + name, doc, registry=r)  # noqa: E731
 
         # requests
@@ -91,10 +103,8 @@ class Metrics:
         self.request_success = Counter(p + "request_success_total", "Total number of successfully processed requests",
                                        ["finished_reason"], registry=r)
         self.request_preempted = Counter(p + "request_preempted_total", "Number of preempted requests", registry=r)
-        self.num_requests_running = Gauge(p + "num_requests_running", "Number of requests currently running",
-                                          registry=r)
-        self.num_requests_waiting = Gauge(p + "num_requests_waiting", "Number of requests currently waiting",
-                                          registry=r)
+        self.num_requests_running = gauge("num_requests_running", "Number of requests currently running")
+        self.num_requests_waiting = gauge("num_requests_waiting", "Number of requests currently waiting")
         self.num_requests_enqueued = gauge("num_requests_enqueued", "Number of requests to be scheduled")
         self.num_requests_preempted = gauge("num_requests_preempted", "Number of requests currently preempted")
         # batch
@@ -130,21 +140,17 @@ class Metrics:
                                         "Token generation rate per request (output tokens per second)",
                                         _RATIO_BUCKETS)
         # KV cache
-        self.gpu_cache_usage_perc = Gauge(p + "gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage",
-                                          registry=r)
-        self.free_gpu_block_num = Gauge(p + "free_gpu_block_num", "Number of free blocks in cache", registry=r)
+        self.gpu_cache_usage_perc = gauge("gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage")
+        self.free_gpu_block_num = gauge("free_gpu_block_num", "Number of free blocks in cache")
         self.available_gpu_block_num = gauge("available_gpu_block_num",
                                              "Number of available gpu blocks in cache, including blocks in LRU list")
-        self.max_gpu_block_num = Gauge(p + "max_gpu_block_num", "Number of total blocks determined at startup",
-                                       registry=r)
-        self.available_gpu_resource = Gauge(p + "available_gpu_resource",
-                                            "Available blocks percentage: available_gpu_block_num / usable blocks",
-                                            registry=r)
-        self.hit_token_rate = Gauge(p + "hit_token_rate", "Token-level prefix cache hit rate", registry=r)
-        self.gpu_hit_token_rate = Gauge(p + "gpu_hit_token_rate", "Token-level GPU prefix cache hit rate",
-                                        registry=r)
+        self.max_gpu_block_num = gauge("max_gpu_block_num", "Number of total blocks determined at startup")
+        self.available_gpu_resource = gauge("available_gpu_resource",
+                                            "Available blocks percentage: available_gpu_block_num / usable blocks")
+        self.hit_token_rate = gauge("hit_token_rate", "Token-level prefix cache hit rate")
+        self.gpu_hit_token_rate = gauge("gpu_hit_token_rate", "Token-level GPU prefix cache hit rate")
         self.cpu_hit_token_rate = gauge("cpu_hit_token_rate", "Token-level CPU prefix cache hit rate")
-        self.hit_req_rate = Gauge(p + "hit_req_rate", "Request-level prefix cache hit rate", registry=r)
+        self.hit_req_rate = gauge("hit_req_rate", "Request-level prefix cache hit rate")
         self.prefix_cache_token_num = Counter(p + "prefix_cache_token_num", "Total number of cached tokens",
                                               registry=r)
         self.prefix_gpu_cache_token_num = counter("prefix_gpu_cache_token_num", "Total number of cached tokens on GPU")
@@ -154,7 +160,18 @@ class Metrics:
         self.send_cache_failed_num = counter("send_cache_failed_num", "Total number of failures of sending cache")
         self.cache_config_info = Gauge(p + "cache_config_info", "Information of the engine's cache config",
                                        ["block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching",
-                                        "backend"], registry=r)
+                                        "backend"], registry=r, multiprocess_mode="mostrecent")
+        side = CollectorRegistry()  # not rendered: read from the files of every API process
+        self._finished_total = Counter(_FINISHED, "Requests ended with an output", registry=side)
+        self._finished_with_hits_total = Counter(_FINISHED_WITH_HITS, "Of them, with cached prefix tokens",
+                                                 registry=side)
+        self._exposition = self.registry
+        path = multiprocess.shared_dir()
+        if path is not None:
+            self._exposition = CollectorRegistry()
+            self._exposition.register(multiprocess.ServerWide(
+                self.registry, path, own=[p + name for name in _ENGINE_COUNTERS],
+                ratio=(p + "hit_req_rate", _FINISHED_WITH_HITS, _FINISHED)))
         if info is not None:
             self.max_gpu_block_num.set(info.num_kv_blocks)
             if info.max_num_seqs:
@@ -186,6 +203,9 @@ class Metrics:
             self.request_params_max_tokens.observe(max_tokens)
         self._finished += 1
         self._finished_with_hits += output.num_cached_tokens > 0
+        self._finished_total.inc()
+        if output.num_cached_tokens > 0:
+            self._finished_with_hits_total.inc()
         if not aborted:
             for reason in {o.finish_reason for o in output.outputs if o.finish_reason}:
                 if reason != "abort":
@@ -247,4 +267,4 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition, gauges refreshed."""
         self.refresh()
-        return generate_latest(self.registry)
+        return generate_latest(self._exposition)

@@ -162,3 +162,10 @@ def test_fd_bench_serve_against_the_real_server(server, tmp_path):
     assert summary["completed"] == 6 and summary["failed"] == 0
     assert summary["total_output_tokens"] == 6 * 8
     assert summary["mean_ttft_ms"] > 0 and summary["output_throughput"] > 0
+
+
+def test_engine_facts_reach_the_metrics_of_a_real_server(server):
+    text = httpx.get(server.url + "/metrics").text
+    assert _gauge(text, "fastdeploy:max_batch_size") == 64  # --max-num-seqs, from the engine process
+    assert _gauge(text, "fastdeploy:max_gpu_block_num") == 512
+    assert 'num_gpu_blocks="512"' in text

@@ -10,7 +10,7 @@ import threading
 import httpx
 import pytest
 
-from .server_process import Server, alive, gauge, tiny_server_args, wait_for, wait_gone
+from .server_process import Server, alive, free_port, gauge, tiny_server_args, wait_for, wait_gone
 
 pytestmark = pytest.mark.slow  # each test starts an engine and two API workers
 
@@ -81,6 +81,62 @@ async def _repeat(url: str, body: dict) -> list[tuple[str, dict]]:
             if len(seen) == 2:
                 break
     return list(seen.items())
+
+
+def test_one_scrape_shows_the_requests_of_every_worker(model, tmp_path):
+    metrics_port = free_port()
+    srv = _start(model, tmp_path, "--metrics-port", str(metrics_port))
+    body = {"model": "tiny", "prompt": "count me", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+
+    async def many() -> list[str]:
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+            answers = await asyncio.gather(*[client.post(srv.url + "/v1/completions", json=body) for _ in range(12)])
+        assert [a.status_code for a in answers] == [200] * 12
+        return [a.headers["x-fd-worker"] for a in answers]
+
+    served = asyncio.run(many()) + asyncio.run(many())
+    assert set(served) == {"0", "1"} and len(served) == 24
+    # whichever worker answers the scrape (fresh connections reach both), it counts all 24
+    scrapes: dict[str, dict[str, float]] = {}
+    for _ in range(64):
+        resp = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", headers={"Connection": "close"}, timeout=10)
+        scrapes[resp.headers["x-fd-worker"]] = _samples(resp.text)
+        if len(scrapes) == 2:
+            break
+    assert set(scrapes) == {"0", "1"}
+    for seen in scrapes.values():
+        assert seen["fastdeploy:requests_number_total"] == 24
+        assert seen['fastdeploy:request_success_total{finished_reason="length"}'] == 24
+        assert seen["fastdeploy:generation_tokens_total"] == 24 * 4
+        assert seen["fastdeploy:e2e_request_latency_seconds_count"] == 24
+        assert seen["fastdeploy:num_requests_running"] == 0 and seen["fastdeploy:max_gpu_block_num"] == 512
+        assert "fastdeploy:max_batch_size" in seen  # == --max-num-seqs: test_server_process checks the value
+    assert httpx.get(srv.url + "/config-info", timeout=10).json()["server_args"]["workers"] == 2
+    # the workers' metric files live in one directory per run, removed when the server exits
+    dirs = {_environ(pid).get("PROMETHEUS_MULTIPROC_DIR") for pid in srv.descendants()} - {None}
+    assert len(dirs) == 1 and os.listdir(shared := dirs.pop())
+    assert srv.stop() == 0, srv.output()
+    assert not os.path.exists(shared)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:  # gone, or not ours
+        return {}
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+def _samples(text: str) -> dict[str, float]:
+    """/metrics lines: name{labels} -> value; a series shown twice fails."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            assert series not in out, f"{series} shown twice"
+            out[series] = float(value)
+    return out
 
 
 def test_engine_death_stops_every_worker(model, tmp_path):
