@@ -126,6 +126,26 @@ class EngineArgs:
                              f"-1, the whole vocabulary, is not supported), got {self.max_logprobs!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"--seed must be an integer, got {self.seed!r}")
+        if self.max_long_partial_prefills > self.max_num_partial_prefills:
+            raise ValueError(
+                f"--max-long-partial-prefills {self.max_long_partial_prefills} exceeds "
+                f"--max-num-partial-prefills {self.max_num_partial_prefills}; it counts a subset of them"
+            )
+        from fd_core.sampling.early_stop import EarlyStopConfig
+
+        EarlyStopConfig.from_args(self.enable_early_stop, self.early_stop_config)  # names a bad key or value
+        self._check_logits_processor_modules()
+        if self.chat_template is not None:
+            import jinja2
+
+            from fd_core.tokenizer.chat_template import ChatTemplate, load_chat_template
+
+            try:
+                ChatTemplate(load_chat_template(self.chat_template))  # a file that is there, and compiles
+            except jinja2.TemplateSyntaxError as exc:
+                raise ValueError(f"--chat-template: not a valid jinja template: {exc}") from None
+            except OSError as exc:
+                raise ValueError(f"--chat-template {self.chat_template!r}: {exc}") from None
         if self.logits_processors is not None and (
                 not isinstance(self.logits_processors, (list, tuple))
                 or not all(isinstance(x, str) and x for x in self.logits_processors)):
@@ -150,6 +170,24 @@ class EngineArgs:
             raise UnsupportedFeatureError(
                 "--speculative-config: speculative decoding is not implemented yet (issue 20)"
             )
+
+    def _check_logits_processor_modules(self) -> None:
+        """Each --logits-processors module exists (found, not imported: the API
+        process imports no paddle; the engine imports and checks the classes)."""
+        import importlib.util
+
+        for spec in self.logits_processors or ():
+            if not isinstance(spec, str):
+                continue
+            module = spec.partition(":")[0] if ":" in spec else spec.rpartition(".")[0]
+            if not module or module.startswith("fastdeploy."):
+                continue  # a built-in name, or FastDeploy's path to one
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                raise ValueError(f"--logits-processors {spec!r}: no module named {module!r}")
 
     @property
     def chunked_prefill(self) -> bool:

@@ -108,6 +108,11 @@ class EngineCore:
         num_host_blocks = host_swap_blocks(
             args.swap_space, per_block, host_available_bytes(),
             num_blocks * per_block if self.backend.info.device_type == "cpu" else 0)
+        if num_host_blocks and not args.enable_prefix_caching:
+            # the host tier keeps evicted prefix-cache blocks: without prefix caching nothing goes there
+            logger.info("--swap-space %g has no effect with prefix caching off (--no-enable-prefix-caching)",
+                        args.swap_space)
+            num_host_blocks = 0
         self.runner.allocate_kv_cache(num_blocks, num_host_blocks)
         self.cache_config = CacheConfig(
             num_blocks=num_blocks, block_size=args.block_size, num_host_blocks=num_host_blocks,

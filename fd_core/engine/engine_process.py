@@ -28,6 +28,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import shutil
 import signal
 import tempfile
 import time
@@ -184,7 +185,12 @@ def start_engine_process(args: EngineArgs, startup_timeout: float = 900.0) -> tu
     # multiprocessing's own exit hook terminates (SIGTERM, which the engine ignores) and joins
     # daemonic children; this one runs first and kills it, so no exit path can hang on it
     atexit.register(_kill, process)
-    info = _wait_ready(process, parent_end, startup_timeout)
+    try:
+        info = _wait_ready(process, parent_end, startup_timeout)
+    except BaseException:
+        _kill(process)
+        shutil.rmtree(socket_dir, ignore_errors=True)  # nobody else knows of it yet
+        raise
     return process, EngineEndpoint(address, info, process.pid or 0), socket_dir
 
 

@@ -53,7 +53,7 @@ class MPEngineClient(EngineClient):
         from fd_core.tokenizer import Tokenizer
 
         self.args = args
-        model_dir = resolve_model_path(args.model)
+        model_dir = resolve_model_path(args.model, revision=args.revision)
         self.tokenizer = Tokenizer.from_pretrained(args.tokenizer or model_dir, chat_template=args.chat_template)
         model_config = load_config(model_dir)
         eos = eos_token_ids_of(self.tokenizer, model_config.eos_token_ids)
@@ -93,6 +93,17 @@ class MPEngineClient(EngineClient):
         await self._sock.send(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
 
     async def _output_loop(self) -> None:
+        try:
+            await self._receive()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug here must not leave every request waiting forever
+            self._error = f"the API process stopped receiving engine outputs: {type(exc).__name__}: {exc}"
+            logger.exception("%s", self._error)
+            for queue in self._queues.values():
+                queue.put_nowait(EngineDeadError(self._error))
+
+    async def _receive(self) -> None:
         await self._send("hello")
         while True:
             msg = pickle.loads(await self._sock.recv())

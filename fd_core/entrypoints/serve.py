@@ -49,8 +49,12 @@ def run_server(ns: argparse.Namespace) -> int:
             ns.served_model_name = ["demo"]
     try:
         workers, graceful_timeout = _lifecycle_flags(ns)
+        from fd_core import envs
+
+        envs.check_values()  # a bad FD_* value stops here, naming the variable
         engine_args = engine_args_from(ns)
         server_kwargs = server_kwargs_from(ns)
+        _check_server_args(server_kwargs)
         _check_parsers(ns)
         _check_backend(ns.backend)
     except (UnsupportedFeatureError, ValueError, TypeError) as exc:
@@ -63,7 +67,7 @@ def run_server(ns: argparse.Namespace) -> int:
         from fd_core.model_loader import resolve_model_path
         from fd_core.models.config import load_config
 
-        load_config(resolve_model_path(engine_args.model))
+        load_config(resolve_model_path(engine_args.model, revision=engine_args.revision))
     except (OSError, ValueError) as exc:
         return _fail(str(exc), 2)
     try:  # listening before the engine loads: a taken port fails in seconds, not after the model loads
@@ -88,6 +92,13 @@ def run_server(ns: argparse.Namespace) -> int:
         return asyncio.run(_serve_one(client, ns, engine_args, server_kwargs, sockets[0], graceful_timeout))
     finally:
         client.close()
+
+
+def _check_server_args(server_kwargs: dict[str, Any]) -> None:
+    """The HTTP layer's flags (ServerArgs) and --chat-template, before any model loads."""
+    from fd_core.entrypoints.openai.api_server import ServerArgs
+
+    ServerArgs(**server_kwargs)
 
 
 def _lifecycle_flags(ns: argparse.Namespace) -> tuple[int, float]:

@@ -101,6 +101,9 @@ def _token_id(key: Any) -> int | None:
     return token if isinstance(token, int) and not isinstance(token, bool) else None
 
 
+MAX_BIAS = 1e9  # |bias| above this could overflow float32 logits (1e39 -> inf -> NaN probabilities)
+
+
 class LogitBiasLogitsProcessor(LogitsProcessor):
     """FastDeploy's built-in: ``{"logit_bias": {token id: bias}}`` adds each
     bias to its token's logit (JSON keys may be numeric strings)."""
@@ -122,10 +125,10 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
                     f"got {key!r}"
                 )
             if (not isinstance(value, (int, float)) or isinstance(value, bool)
-                    or not math.isfinite(value)):
+                    or not math.isfinite(value) or abs(value) > MAX_BIAS):
                 raise ValueError(
-                    f"logits_processors_args.logit_bias values must be finite numbers, got {value!r} "
-                    f"for token {key!r}"
+                    f"logits_processors_args.logit_bias values must be numbers in [-{MAX_BIAS:g}, "
+                    f"{MAX_BIAS:g}], got {value!r} for token {key!r}"
                 )
 
     def apply(self, logits: Tensor) -> Tensor:

@@ -6,6 +6,12 @@ the same helpers (`raise_exception`, `tojson`, `strftime_now`, `dict`,
 `namespace`, loop controls, the `{% generation %}` tag), None-valued message
 keys dropped, reasoning fields aliased, and the tokenizer's named special
 tokens (`bos_token`, `cls_token`, ...) visible to the template.
+
+`ChatTemplate(..., restricted=True)` is for templates from requests (untrusted):
+`*` and `**` refuse results that would be huge, `range` is capped lower, and the
+rendered text is bounded. Time and memory are bounded by the caller, which
+renders restricted templates in a subprocess
+(fd_core/entrypoints/openai/template_sandbox.py).
 """
 
 from __future__ import annotations
@@ -23,7 +29,14 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["ERNIE_CHAT_TEMPLATE", "ChatTemplate", "load_chat_template"]
+__all__ = ["ERNIE_CHAT_TEMPLATE", "ChatTemplate", "TemplateLimitError", "load_chat_template"]
+
+# Limits of a restricted (request) template. Real chat templates loop over the
+# messages and tools and repeat short strings; none comes near these.
+RESTRICTED_MAX_RANGE = 10_000  # items of one range(); jinja's own sandbox allows 100_000
+RESTRICTED_MAX_ITEMS = 1_000_000  # chars / items of one `*` result (str, list, tuple)
+RESTRICTED_MAX_INT_BITS = 100_000  # bits of an int made by `*` or `**`
+RESTRICTED_MAX_OUTPUT_CHARS = 8 * 1024 * 1024  # chars of the rendered prompt
 
 # ERNIE 4.5's format: <|begin_of_sentence|>, system text + "\n", "User: ...\n",
 # "Assistant: ...<|end_of_sentence|>", and the prompt "Assistant: ". Tools,
@@ -127,6 +140,59 @@ class _Namespace(jinja2.utils.Namespace):
         super().__setitem__(name, value)
 
 
+class TemplateLimitError(jinja2.exceptions.SecurityError):
+    """A restricted template went past one of its size limits."""
+
+
+def _restricted_range(*args: int) -> range:
+    rng = range(*args)
+    if len(rng) > RESTRICTED_MAX_RANGE:
+        raise TemplateLimitError(
+            f"range({', '.join(map(str, args))}) has {len(rng)} items; a request's chat template may make ranges "
+            f"of at most {RESTRICTED_MAX_RANGE}"
+        )
+    return rng
+
+
+def _check_size(operator: str, left: Any, right: Any) -> None:
+    """Refuse `left <operator> right` before computing it when the result would be huge."""
+    if operator == "*":
+        for seq, count in ((left, right), (right, left)):
+            if isinstance(seq, (str, list, tuple)) and isinstance(count, int):
+                size = len(seq) * count
+                if size > RESTRICTED_MAX_ITEMS:
+                    raise TemplateLimitError(
+                        f"'*' would make a {type(seq).__name__} of {size} items; a request's chat "
+                        f"template may make at most {RESTRICTED_MAX_ITEMS}"
+                    )
+                return
+        if isinstance(left, int) and isinstance(right, int):
+            bits = abs(left).bit_length() + abs(right).bit_length()
+            if bits > RESTRICTED_MAX_INT_BITS:
+                raise TemplateLimitError(
+                    f"'*' would make an int of about {bits} bits; a request's chat template may "
+                    f"make at most {RESTRICTED_MAX_INT_BITS}"
+                )
+    elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+        bits = max(abs(left).bit_length() - 1, 0) * right  # ~ log2(|left| ** right)
+        if abs(left) > 1 and (right > RESTRICTED_MAX_INT_BITS or bits > RESTRICTED_MAX_INT_BITS):
+            raise TemplateLimitError(
+                f"'**' with exponent {right} would make an int of more than "
+                f"{RESTRICTED_MAX_INT_BITS} bits, the limit for a request's chat template"
+            )
+
+
+class _RestrictedSandbox(ImmutableSandboxedEnvironment):
+    """The sandbox for request templates: size checks on `*` and `**`
+    (intercepting them also stops jinja folding `'a' * 10**10` at compile time)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _check_size(operator, left, right)
+        return super().call_binop(context, operator, left, right)
+
+
 def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
@@ -144,10 +210,13 @@ def _tojson(
 
 
 @functools.lru_cache(maxsize=16)
-def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
+def _compile(source: str, restricted: bool = False) -> jinja2.Template:
+    env_class = _RestrictedSandbox if restricted else ImmutableSandboxedEnvironment
+    env = env_class(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
+    if restricted:
+        env.globals["range"] = _restricted_range
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -167,12 +236,19 @@ def _prepare_message(message: Mapping[str, Any]) -> dict[str, Any]:
 class ChatTemplate:
     """A compiled chat template; `render` turns OpenAI-style messages into the prompt text."""
 
-    def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        source: str,
+        special_tokens: Mapping[str, str] | None = None,
+        restricted: bool = False,
+    ) -> None:
+        """`restricted=True` for untrusted (request) templates: see the module docstring."""
         self.source = source
         self.special_tokens = dict(
             special_tokens or {}
         )  # e.g. {"bos_token": "<s>", "cls_token": ...}
-        self._template = _compile(source)
+        self.restricted = restricted
+        self._template = _compile(source, restricted)
 
     def render(
         self,
@@ -197,10 +273,23 @@ class ChatTemplate:
                     f"chat messages must be dicts with 'role' and 'content', got {message!r}"
                 )
         variables = {**self.special_tokens, **chat_template_kwargs}
-        return self._template.render(
+        context = dict(
             messages=[_prepare_message(m) for m in messages],
             tools=list(tools) if tools is not None else None,
             documents=list(documents) if documents is not None else None,
             add_generation_prompt=add_generation_prompt,
             **variables,
         )
+        if not self.restricted:
+            return self._template.render(**context)
+        # the same text as render() (which joins these pieces), stopped once too long
+        pieces, size = [], 0
+        for piece in self._template.generate(**context):
+            size += len(piece)
+            if size > RESTRICTED_MAX_OUTPUT_CHARS:
+                raise TemplateLimitError(
+                    f"the rendered prompt is longer than {RESTRICTED_MAX_OUTPUT_CHARS} characters, "
+                    "the limit for a request's chat template"
+                )
+            pieces.append(piece)
+        return "".join(pieces)

@@ -78,3 +78,23 @@ def test_two_clients_share_one_engine_and_get_only_their_outputs(engine_args):
         assert not owner.process.is_alive()
 
     asyncio.run(run())
+
+
+def test_a_failure_while_receiving_outputs_fails_the_waiters_instead_of_hanging(engine_args):
+    from fd_core.engine.client import EngineDeadError
+
+    async def run() -> None:
+        client = MPEngineClient(engine_args)
+        try:
+            def broken(outputs):
+                raise RuntimeError("bug in output processing")
+
+            client.frontend.processor.process = broken  # type: ignore[method-assign]
+            stream = client.generate("r1", "hello there", SamplingParams(max_tokens=4, temperature=0))
+            with pytest.raises(EngineDeadError, match="stopped receiving engine outputs: RuntimeError"):
+                await asyncio.wait_for(stream.__anext__(), 60)
+            assert client.dead  # so the server exits instead of serving nothing
+        finally:
+            await client.shutdown()
+
+    asyncio.run(run())

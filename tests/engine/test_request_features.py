@@ -205,8 +205,10 @@ def test_logits_processors_args_need_a_loaded_processor(core):
 
 
 def test_a_bad_processor_spec_fails_at_start(dense):
-    with pytest.raises(ValueError, match="'nowhere_xyz:Proc'.*cannot import"):
-        _core(dense, logits_processors=["nowhere_xyz:Proc"])
+    with pytest.raises(ValueError, match="'nowhere_xyz:Proc': no module named 'nowhere_xyz'"):
+        _core(dense, logits_processors=["nowhere_xyz:Proc"])  # found missing before anything loads
+    with pytest.raises(ValueError, match="'fd_core.sampling:NoSuchProc'.*has no attribute 'NoSuchProc'"):
+        _core(dense, logits_processors=["fd_core.sampling:NoSuchProc"])  # the engine imports and checks
 
 
 @pytest.fixture(scope="module")

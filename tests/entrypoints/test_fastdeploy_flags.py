@@ -167,6 +167,12 @@ def test_implemented_flags_reach_the_engine_and_server_arguments():
     (["--max-waiting-time", "0"], "--max-waiting-time must be > 0 seconds or -1"),
     (["--workers", "0"], "--workers must be >= 1"),
     (["--max-long-partial-prefills", "0"], "--max-long-partial-prefills must be a positive integer"),
+    (["--max-long-partial-prefills", "2"], "--max-long-partial-prefills 2 exceeds --max-num-partial-prefills 1"),
+    (["--enable-early-stop", "--early-stop-config", '{"threshold": 2}'], "--early-stop-config threshold"),
+    (["--enable-early-stop", "--early-stop-config", '{"windows": 2}'], "windows"),
+    (["--logits-processors", "nonexist:Foo"], "--logits-processors 'nonexist:Foo': no module named 'nonexist'"),
+    (["--chat-template", "/nonexistent.jinja"], "is neither a readable file nor a jinja template"),
+    (["--chat-template", "{% for x in %}"], "--chat-template: not a valid jinja template"),
 ])
 def test_bad_values_of_implemented_flags_name_the_flag(words, message):
     ns = build_parser().parse_args(["--model", "m", *words])

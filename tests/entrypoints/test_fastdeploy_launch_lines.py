@@ -91,7 +91,7 @@ def test_launch_line_parses_and_serves_or_is_refused_naming_a_later_feature(page
     assert "not implemented yet" in message or "FastDeploy method" in message, message
 
 
-def _serve(words: list[str], tmp_path) -> tuple[int, str, dict | None]:
+def _serve(words: list[str], tmp_path, **env: str) -> tuple[int, str, dict | None]:
     """Start fd-serve with ``words`` on a free port; return (exit code or 0 when it served, log, models)."""
     import socket
 
@@ -106,7 +106,7 @@ def _serve(words: list[str], tmp_path) -> tuple[int, str, dict | None]:
     if "--metrics-port" in words:
         words = words[: words.index("--metrics-port")] + words[words.index("--metrics-port") + 2:]
     log = tmp_path / "serve.log"
-    env = {**os.environ, "FD_CPU_KVCACHE_SPACE": "0.25", "FD_LOG_DIR": str(tmp_path / "log")}
+    env = {**os.environ, "FD_CPU_KVCACHE_SPACE": "0.25", "FD_LOG_DIR": str(tmp_path / "log"), **env}
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "fd_core.entrypoints.openai.api_server", "--host",
                                  "127.0.0.1", "--backend", "cpu", *words], stdout=out, stderr=subprocess.STDOUT,
@@ -166,3 +166,16 @@ def test_disable_log_requests_leaves_no_line_per_request(checkpoint_factory, tmp
     code, log, _ = _serve([*words, "--disable-log-requests"], quiet)
     assert code == 0, log
     assert " done: prompt " not in log and "POST /v1/chat/completions" not in log, log
+
+
+@pytest.mark.parametrize("words, env, message", [
+    (["--max-concurrency", "0"], {}, "--max-concurrency must be >= 1"),
+    ([], {"FD_SAMPLING_CLASS": "foo"}, "environment variable FD_SAMPLING_CLASS"),
+    (["--logits-processors", "nonexist:Foo"], {}, "no module named 'nonexist'"),
+])
+def test_bad_server_flags_and_variables_exit_2_before_the_engine_starts(words, env, message, checkpoint_factory,
+                                                                        tmp_path):
+    model = checkpoint_factory("tiny-dense", "paddle")
+    code, log, _ = _serve(["--model", str(model), *words], tmp_path, **env)
+    assert code == 2 and message in log, log
+    assert "Traceback" not in log and "starting the engine process" not in log, log

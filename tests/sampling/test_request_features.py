@@ -385,3 +385,11 @@ def test_temperature_counts_in_the_confidence(ops):
     logits[0, 4] = 8.0  # p ~ 0.987 at temperature 1, ~0.39 at temperature 4
     assert sampler.sample(_tensor(logits), [_state(seed=1)]).early_stopped == [True]
     assert sampler.sample(_tensor(logits), [_state(seed=1, temperature=4.0)]).early_stopped == [False]
+
+
+@pytest.mark.parametrize("value", [1e39, float("inf"), -2e9, "5", True])
+def test_logit_bias_processor_refuses_values_that_would_overflow_or_are_not_numbers(value):
+    processor = LogitBiasLogitsProcessor(CONTEXT)
+    with pytest.raises(ValueError, match=r"logit_bias values must be numbers in \[-1e\+09, 1e\+09\]"):
+        processor.validate_args({"logit_bias": {"5": value}})
+    processor.validate_args({"logit_bias": {"5": -1e9}})  # a ban stays possible

@@ -9,6 +9,7 @@ import jinja2
 import pytest
 
 from fd_core.tokenizer import ChatTemplate, Tokenizer, load_chat_template
+from fd_core.tokenizer.chat_template import ERNIE_CHAT_TEMPLATE, TemplateLimitError
 
 TOOLS = [
     {
@@ -167,3 +168,40 @@ def test_sandbox_blocks_python_internals() -> None:
     template = ChatTemplate("{{ messages.__class__.__mro__ }}")
     with pytest.raises(jinja2.exceptions.SecurityError):
         template.render([{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("name", sorted(CONVERSATIONS))
+def test_restricted_renders_real_templates_the_same(tok: Tokenizer, name: str) -> None:
+    messages, kwargs = CONVERSATIONS[name]
+    trusted = ChatTemplate(ERNIE_CHAT_TEMPLATE, tok.special_tokens)
+    restricted = ChatTemplate(ERNIE_CHAT_TEMPLATE, tok.special_tokens, restricted=True)
+    assert restricted.render(messages, **kwargs) == trusted.render(messages, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "source,words",
+    [
+        ("{{ 'a' * 10**10 }}", ["'*'", "str of 10000000000 items"]),
+        ("{{ 10**10 * 'a' }}", ["'*'", "str of 10000000000"]),
+        ("{{ [0] * 2000000 }}", ["list of 2000000 items"]),
+        ("{{ 7 ** 1000000000 }}", ["'**'", "exponent 1000000000"]),
+        ("{% set n = 2 ** 90000 %}{{ (n * n) > 0 }}", ["'*'", "int of about"]),
+        ("{% for i in range(20000) %}{% endfor %}", ["range(20000) has 20000 items"]),
+        ("{% for i in range(9000) %}{{ 'x' * 1000 }}{% endfor %}", ["longer than 8388608 characters"]),
+    ],
+)
+def test_restricted_refuses_huge_results(source: str, words: list[str]) -> None:
+    template = ChatTemplate(source, restricted=True)
+    with pytest.raises(TemplateLimitError) as info:
+        template.render([{"role": "user", "content": "x"}])
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert isinstance(info.value, jinja2.exceptions.SecurityError)
+
+
+def test_restricted_allows_small_results_and_trusted_keeps_jinja_limits() -> None:
+    user = [{"role": "user", "content": "x"}]
+    small = "{{ 'ab' * 3 }}|{{ 3 * [1] | length }}|{{ 2 ** 10 }}|{{ range(3) | list | length }}"
+    assert ChatTemplate(small, restricted=True).render(user) == "ababab|3|1024|3"
+    # a server's (trusted) template keeps jinja's sandbox limits: range up to 100000, no `*` check
+    trusted = ChatTemplate("{{ range(20000) | list | length }} {{ ('a' * 2000000) | length }}")
+    assert trusted.render(user) == "20000 2000000"

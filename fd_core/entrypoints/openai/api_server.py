@@ -234,9 +234,16 @@ def _metrics_endpoint(metrics: Metrics) -> Any:
 
 
 def build_metrics_app(app: FastAPI) -> FastAPI:
-    """A tiny app serving only ``/metrics`` of ``app`` (for ``--metrics-port``)."""
+    """A tiny app serving ``/metrics`` and ``/config-info`` of ``app`` (for
+    ``--metrics-port``, where FastDeploy serves both; secrets in the config are masked)."""
+    from fd_core.entrypoints.openai.serving_misc import current_config_info
+
+    async def config_info() -> dict[str, Any]:
+        return current_config_info(app)
+
     metrics_app = FastAPI(title="fd-core metrics", openapi_url=None, docs_url=None, redoc_url=None)
     metrics_app.add_api_route("/metrics", _metrics_endpoint(app.state.fd.metrics), methods=["GET"])
+    metrics_app.add_api_route("/config-info", config_info, methods=["GET"])
     return metrics_app
 
 

@@ -4,9 +4,11 @@ In order (FastDeploy's precedence):
 - ``prompt_token_ids`` (non-empty): used as they are; no template, messages unused;
 - ``disable_chat_template``: the single message's text, tokenized, no template;
 - otherwise the chat template: the request's own ``chat_template`` (text only,
-  never a path; rendered in jinja2's ImmutableSandboxedEnvironment, and refused
-  when the server runs with ``--disallow-request-chat-template``), else the
-  server's ``--chat-template``, else the tokenizer's.
+  never a path; refused when the server runs with
+  ``--disallow-request-chat-template``), else the server's ``--chat-template``,
+  else the tokenizer's. A request's template is untrusted: it renders in a
+  subprocess with time and memory limits, in a restricted sandbox
+  (template_sandbox.py); the server's and the tokenizer's render here.
 ``completion_token_ids`` are then appended (an answer the model continues).
 
 Message content may be a string or a list of parts: ``text`` parts are joined
@@ -20,9 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 from fd_core.entrypoints.openai.errors import OpenAIError
-from fd_core.tokenizer.chat_template import ChatTemplate
+from fd_core.entrypoints.openai.template_sandbox import (
+    RenderError,
+    RenderLimitError,
+    RequestTemplateRenderer,
+    shared_renderer,
+)
 
-__all__ = ["chat_prompt_ids", "message_text", "render_chat", "text_messages"]
+__all__ = ["chat_prompt_ids", "message_text", "render_chat", "render_request_chat", "text_messages"]
 
 # apply_chat_template's own parameters: never taken from chat_template_kwargs
 _RESERVED_TEMPLATE_KWARGS = {"messages", "add_generation_prompt", "tools", "tokenize", "chat_template"}
@@ -66,26 +73,41 @@ def text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _extra_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
+
+
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
                 tools: list[dict[str, Any]] | None, kwargs: dict[str, Any] | None,
-                chat_template: str | None, request_template: str | None = None) -> str:
-    """The prompt text; a template error is a 400 carrying the template's message.
-
-    ``chat_template`` is the server's (a path or text); ``request_template`` a
-    request's, taken only as template text.
-    """
-    extra = {k: v for k, v in (kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS}
+                chat_template: str | None) -> str:
+    """The prompt text from the server's ``chat_template`` (a path or text) or the tokenizer's;
+    a template error is a 400 carrying the template's message. Trusted templates only: they
+    render in this process."""
     messages = text_messages(messages)
     try:
-        if request_template is not None:
-            template = ChatTemplate(request_template, getattr(tokenizer, "special_tokens", None))
-            return template.render(messages, add_generation_prompt, tools, **extra)
         return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                             chat_template=chat_template, **extra)
-    except Exception as exc:  # jinja errors, raise_exception() in the template, sandbox refusals
-        which = "chat_template" if request_template is not None else "messages"
+                                             chat_template=chat_template, **_extra_kwargs(kwargs))
+    except Exception as exc:  # jinja errors, raise_exception() in the template
         raise OpenAIError(f"The chat template could not render these messages: {type(exc).__name__}: {exc}",
-                          400, which) from None
+                          400, "messages") from None
+
+
+async def render_request_chat(renderer: RequestTemplateRenderer, tokenizer: Any, messages: list[dict[str, Any]],
+                              add_generation_prompt: bool, tools: list[dict[str, Any]] | None,
+                              kwargs: dict[str, Any] | None, request_template: str) -> str:
+    """The prompt text from a request's own template, rendered by ``renderer`` off the event loop;
+    a template error or a limit reached is a 400 naming ``chat_template``."""
+    messages = text_messages(messages)
+    try:
+        return await renderer.render(request_template, getattr(tokenizer, "special_tokens", None), messages,
+                                     add_generation_prompt, tools, _extra_kwargs(kwargs))
+    except RenderLimitError as exc:
+        raise OpenAIError(str(exc), 400, "chat_template") from None
+    except RenderError as exc:  # jinja errors, raise_exception(), sandbox and size refusals
+        raise OpenAIError(f"The chat template could not render these messages: {exc}",
+                          400, "chat_template") from None
+    except RuntimeError as exc:  # the render subprocess could not start
+        raise OpenAIError(f"chat_template: {exc}; retry, or leave the field out", 503, "chat_template") from None
 
 
 def template_kwargs(request: Any) -> dict[str, Any]:
@@ -101,9 +123,12 @@ def template_kwargs(request: Any) -> dict[str, Any]:
     return kwargs
 
 
-def chat_prompt_ids(request: Any, tokenizer: Any, server_template: str | None,
-                    allow_request_template: bool) -> list[int]:
-    """The prompt token ids of a ChatCompletionRequest (ids are not yet checked against the vocabulary)."""
+async def chat_prompt_ids(request: Any, tokenizer: Any, server_template: str | None,
+                          allow_request_template: bool, renderer: RequestTemplateRenderer | None = None) -> list[int]:
+    """The prompt token ids of a ChatCompletionRequest (ids are not yet checked against the vocabulary).
+
+    ``renderer`` renders a request's own template (default: the process's shared one).
+    """
     if request.chat_template is not None and not allow_request_template:
         raise OpenAIError("chat_template: this server does not take a chat template in the request "
                           "(it runs with --disallow-request-chat-template); leave the field out",
@@ -119,8 +144,13 @@ def chat_prompt_ids(request: Any, tokenizer: Any, server_template: str | None,
                               f"got {len(request.messages)}", 400, "disable_chat_template")
         text = message_text(request.messages[0].content, 0) or ""
         ids = tokenizer.encode(text)
+    elif request.chat_template is not None:
+        text = await render_request_chat(renderer or shared_renderer(), tokenizer, request.template_messages(),
+                                         request.add_generation_prompt, request.template_tools(), kwargs,
+                                         request.chat_template)
+        ids = tokenizer.encode(text)
     else:
         text = render_chat(tokenizer, request.template_messages(), request.add_generation_prompt,
-                           request.template_tools(), kwargs, server_template, request.chat_template)
+                           request.template_tools(), kwargs, server_template)
         ids = tokenizer.encode(text)
     return ids + list(request.completion_token_ids or [])

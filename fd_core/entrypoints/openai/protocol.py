@@ -34,6 +34,15 @@ __all__ = [
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """``"n": null`` means the default (FastDeploy and vLLM type most fields Optional)."""
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items()
+                    if v is not None or k not in cls.model_fields or cls.model_fields[k].default is None}
+        return data
+
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = True  # a usage chunk (empty choices) before [DONE]
@@ -113,7 +122,7 @@ class SamplingFields(OpenAIBaseModel):
     stop_token_ids: list[StrictInt] | None = None
     bad_words: list[str] | None = None
     # FastDeploy's flat list (each id a one-token word) or vLLM's list of token-id lists
-    bad_words_token_ids: list[StrictInt] | list[list[StrictInt]] | None = None
+    bad_words_token_ids: list[StrictInt | list[StrictInt]] | None = None  # flat, nested or mixed
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     ignore_eos: bool = False
@@ -141,15 +150,6 @@ class SamplingFields(OpenAIBaseModel):
     include_draft_logprobs: Any = None
     disaggregate_info: Any = None
     collect_metrics: Any = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_default(cls, data: Any) -> Any:
-        """``"n": null`` means the default (FastDeploy and vLLM type most fields Optional)."""
-        if isinstance(data, dict):
-            data = {k: v for k, v in data.items()
-                    if v is not None or k not in cls.model_fields or cls.model_fields[k].default is None}
-        return data
 
     def sampling_kwargs(self) -> dict[str, Any]:
         """SamplingParams keyword arguments for the fields set; max_tokens is

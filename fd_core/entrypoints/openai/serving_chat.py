@@ -14,6 +14,7 @@ from fd_core.entrypoints.openai.chat_prompt import chat_prompt_ids, render_chat
 from fd_core.entrypoints.openai.errors import OpenAIError, error_body
 from fd_core.entrypoints.openai.protocol import ChatCompletionRequest
 from fd_core.entrypoints.openai.serving_base import OpenAIServing, random_id, sse, usage
+from fd_core.entrypoints.openai.template_sandbox import RequestTemplateRenderer
 from fd_core.entrypoints.openai.unsupported import check_refused
 from fd_core.metrics import Metrics
 from fd_core.sampling.params import SamplingParams
@@ -32,6 +33,7 @@ class OpenAIServingChat(OpenAIServing):
         self.tool_parser = tool_parser
         self.chat_template = chat_template
         self.allow_request_chat_template = allow_request_chat_template
+        self.template_renderer: RequestTemplateRenderer | None = None  # request templates; None: the shared one
 
     async def create(self, request: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
         """The response dict, or the SSE event strings when ``request.stream``."""
@@ -41,7 +43,8 @@ class OpenAIServingChat(OpenAIServing):
         self._check_unsupported(request)
         self.check_token_ids(request.prompt_token_ids or [], "prompt_token_ids")
         self.check_token_ids(request.completion_token_ids or [], "completion_token_ids")
-        prompt_ids = chat_prompt_ids(request, self.tokenizer, self.chat_template, self.allow_request_chat_template)
+        prompt_ids = await chat_prompt_ids(request, self.tokenizer, self.chat_template,
+                                           self.allow_request_chat_template, self.template_renderer)
         field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         max_tokens = self.max_tokens_for(len(prompt_ids), requested, field)

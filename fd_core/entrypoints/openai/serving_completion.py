@@ -9,6 +9,7 @@ usage counts every sample drawn, as OpenAI bills it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -89,14 +90,15 @@ class OpenAIServingCompletion(OpenAIServing):
         base_id = random_id("cmpl", request.request_id)
         streams = [self.generate(base_id if len(prompts) == 1 else f"{base_id}-{p}", ids, params, arrival)
                    for p, ((_, ids), params) in enumerate(zip(prompts, engine_params))]
-        firsts = []
-        try:
-            for s in streams:  # refusals become a 400 before anything is sent
-                firsts.append(await self.first_output(s))
-        except BaseException:
+        # every prompt is submitted at once (so the engine batches them) and each first
+        # output awaited together: a refusal becomes a 400 before anything is sent
+        results = await asyncio.gather(*(self.first_output(s) for s in streams), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
             for s in streams:
                 await s.aclose()  # type: ignore[attr-defined]
-            raise
+            raise errors[0]
+        firsts = [r for r in results if isinstance(r, RequestOutput)]
         n = params_list[0].n
         if request.stream:
             return self._stream(request, base_id, model, params_list[0], prompts, firsts, streams)

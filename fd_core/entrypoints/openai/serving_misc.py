@@ -39,13 +39,7 @@ def misc_router() -> APIRouter:
 
     @router.get("/config-info")
     async def config(request: Request) -> dict[str, Any]:
-        st = _state(request)
-        stored = getattr(request.app.state, "config_info", None)
-        out = dict(stored) if stored is not None else fallback_config_info(st)
-        out["engine"] = dataclasses.asdict(st.client.info)  # what the running engine chose
-        out.setdefault("served_model_names", list(st.served_model_names))
-        out.setdefault("max_model_len", st.max_model_len)
-        return out
+        return current_config_info(request.app)
 
     @router.get("/version")
     async def version() -> dict[str, str]:
@@ -97,3 +91,14 @@ def misc_router() -> APIRouter:
         router.add_api_route(path, detokenize, methods=["POST"])
     return router
 
+
+def current_config_info(app: Any) -> dict[str, Any]:
+    """``/config-info`` of the app (also served on ``--metrics-port``, as FastDeploy does):
+    the configuration the server stored, with what the running engine chose."""
+    st = app.state.fd
+    stored = getattr(app.state, "config_info", None)
+    out = dict(stored) if stored is not None else fallback_config_info(st)
+    out["engine"] = dataclasses.asdict(st.client.info)  # what the running engine chose
+    out.setdefault("served_model_names", list(st.served_model_names))
+    out.setdefault("max_model_len", st.max_model_len)
+    return out

@@ -50,3 +50,31 @@ async def test_a_request_served_in_time_is_not_affected(engine_client):
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://fd") as http:
         r = await http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == "hello"
+
+
+class BarrierEngine(ScriptedEngineClient):
+    """Answers no request until ``count`` requests are in: a batch the API layer
+    submitted one after another would never be served."""
+
+    def __init__(self, tokenizer: Any, count: int) -> None:
+        super().__init__(tokenizer, ["hello"])
+        self.count = count
+        self.submitted = 0
+        self.all_in = asyncio.Event()
+
+    async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        self.submitted += 1
+        if self.submitted >= self.count:
+            self.all_in.set()
+        await self.all_in.wait()
+        async for out in super().generate(*args, **kwargs):
+            yield out
+
+
+async def test_the_prompts_of_one_completion_request_are_submitted_together(engine_client):
+    engine = BarrierEngine(engine_client.tokenizer, count=3)
+    app = build_app(engine, ServerArgs(served_model_names=("tiny",), max_waiting_time=5))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://fd") as http:
+        r = await http.post("/v1/completions", json={"prompt": ["a", "b", "c"], "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1, 2]

@@ -109,6 +109,9 @@ async def test_metrics_port_moves_metrics_to_their_own_app(engine_client):
     async with httpx.AsyncClient(transport=httpx.ASGITransport(metrics_app), base_url="http://fd") as client:
         r = await client.get("/metrics")
         assert r.status_code == 200 and "fastdeploy:num_requests_running" in r.text
+        app.state.config_info = {"engine_args": {"max_model_len": 123}}
+        info = (await client.get("/config-info")).json()  # FastDeploy serves it on the metrics port too
+        assert info["engine_args"]["max_model_len"] == 123 and info["engine"]["num_kv_blocks"] == 64
 
 
 async def test_apps_do_not_share_metrics(engine_client):

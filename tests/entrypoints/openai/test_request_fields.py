@@ -107,7 +107,7 @@ async def test_fastdeploy_sampling_fields_reach_sampling_params(client):
 
 @pytest.mark.parametrize("path,base", [(CHAT, {"messages": USER}), (COMPLETIONS, {"prompt": "hi"})])
 async def test_bad_words_token_ids_flat_or_nested(client, path, base):
-    for given, expected in (([5, 6], [[5], [6]]), ([[5, 6], [7]], [[5, 6], [7]])):
+    for given, expected in (([5, 6], [[5], [6]]), ([[5, 6], [7]], [[5, 6], [7]]), ([5, [6, 7]], [[5], [6, 7]])):
         r = await post(client, path, {**base, "bad_words_token_ids": given})
         assert r.status_code == 200, r.text
         assert client.params[-1].bad_words_token_ids == expected
@@ -177,6 +177,10 @@ async def test_null_means_default_and_model_default_is_served(client):
     assert r.status_code == 200, r.text
     assert r.json()["model"] == "ernie" and len(r.json()["choices"]) == 1
     r = await post(client, COMPLETIONS, {"prompt": "hi", "model": "default", "echo": None, "n": None})
+    assert r.status_code == 200, r.text
+    # nested objects too
+    r = await post(client, CHAT, {"messages": USER, "stream": True,
+                                  "stream_options": {"include_usage": None, "continuous_usage_stats": None}})
     assert r.status_code == 200, r.text
 
 
