@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -10,7 +12,9 @@ import pytest
 
 # FastDeploy's log files go to FD_LOG_DIR (default ./log); tests and the servers they start
 # write theirs to a scratch directory, never into the repository
-os.environ.setdefault("FD_LOG_DIR", tempfile.mkdtemp(prefix="fd-test-logs-"))
+if "FD_LOG_DIR" not in os.environ:
+    os.environ["FD_LOG_DIR"] = tempfile.mkdtemp(prefix="fd-test-logs-")
+    atexit.register(shutil.rmtree, os.environ["FD_LOG_DIR"], True)
 
 
 @pytest.fixture(scope="session")
