@@ -96,7 +96,7 @@ def _method_name(value: Any, what: str) -> str:
         raise ValueError(
             f"--quantization: unknown method {value!r}; implemented: "
             f"{', '.join(registry.names(True))} (FastDeploy's {', '.join(registry.names(False))} "
-            "are not implemented yet)"
+            "are not implemented yet: issue 22)"
         )
     refusal = registry.refusal(name)
     if refusal:
@@ -126,7 +126,7 @@ def parse_quantization(value: str | dict[str, Any] | None, architecture: str | N
     if spec.get("kv_cache_quant_type") not in (None, "", "none"):
         raise UnsupportedFeatureError(
             f"--quantization kv_cache_quant_type {spec['kv_cache_quant_type']}: KV-cache quantization "
-            "is not implemented in fd-core yet; the KV cache stays float32"
+            "is not implemented in fd-core yet (issue 15); the KV cache stays float32"
         )
     if "quantization" not in spec:
         raise ValueError("--quantization: the JSON form needs a 'quantization' key, e.g. {\"quantization\": \"wint8\"}")

@@ -43,7 +43,7 @@ class QuantMethod:
         return not self.refused and self.quantize is not None and self.linear is not None
 
 
-_NOT_YET = "is not implemented in fd-core yet; use wint8, wint4 or w8a8, or run without --quantization"
+_NOT_YET = "is not implemented in fd-core yet (issue 22); use wint8, wint4 or w8a8, or run without --quantization"
 _REFUSED = [
     QuantMethod("block_wise_fp8", "128x128 block-wise fp8 weights, token-wise dynamic fp8 activations",
                 refused=f"block-wise fp8 {_NOT_YET}"),
@@ -56,7 +56,7 @@ _REFUSED = [
     QuantMethod("weight_only", "FastDeploy's generic weight-only config",
                 refused="weight_only with an 'algo' key is not supported; name the method: wint8 or wint4"),
     QuantMethod("kvcache", "KV-cache int8/fp8",
-                refused="KV-cache quantization is not implemented in fd-core yet; the KV cache stays float32"),
+                refused="KV-cache quantization is not implemented in fd-core yet (issue 15); the KV cache stays float32"),
 ]
 _BUILTINS = {
     "wint8": "fd_core.quantization.wint:WINT8",
