@@ -32,13 +32,13 @@ def encode_prompt(tokenizer: Any, prompt: str | list[int] | dict[str, Any]) -> t
 
 def tokenize_bad_words(tokenizer: Any, words: list[str]) -> list[list[int]]:
     """Token sequences to ban for each bad word, with and without a leading space."""
-    out: list[list[int]] = []
+    out: dict[tuple[int, ...], None] = {}  # ordered and deduplicated in linear time
     for word in words:
         for variant in (word, " " + word.lstrip()):
-            ids = tokenizer.encode(variant)
-            if ids and ids not in out:
-                out.append(ids)
-    return out
+            ids = tuple(tokenizer.encode(variant))
+            if ids:
+                out[ids] = None
+    return [list(ids) for ids in out]
 
 
 class Frontend:

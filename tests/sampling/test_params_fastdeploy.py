@@ -43,3 +43,23 @@ def test_logprob_flags_are_bools(field):
     assert getattr(SamplingParams(**{field: True}), field) is True
     with pytest.raises(ValueError, match=f"{field} must be a bool, got 1"):
         SamplingParams(**{field: 1})
+
+
+def test_bad_words_are_bounded_per_request():
+    from fd_core.sampling.params import MAX_BAD_WORDS
+
+    SamplingParams(bad_words=[f"w{i}" for i in range(MAX_BAD_WORDS)])
+    with pytest.raises(ValueError, match=r"bad_words holds 1025 entries; at most 1024"):
+        SamplingParams(bad_words=[f"w{i}" for i in range(MAX_BAD_WORDS + 1)])
+    with pytest.raises(ValueError, match=r"bad_words_token_ids holds 2000 entries; at most 1024"):
+        SamplingParams(bad_words_token_ids=list(range(2000)))
+
+
+def test_bad_word_variants_are_deduplicated_in_order():
+    from fd_core.engine.frontend import tokenize_bad_words
+
+    class Tok:
+        def encode(self, text):
+            return [ord(c) for c in text.strip()]  # " w" and "w" tokenize alike
+
+    assert tokenize_bad_words(Tok(), ["ab", "c", " ab", "c"]) == [[97, 98], [99]]

@@ -113,6 +113,10 @@ async def render_request_chat(renderer: RequestTemplateRenderer, tokenizer: Any,
 def template_kwargs(request: Any) -> dict[str, Any]:
     """chat_template_kwargs with the top-level enable_thinking merged in (they must agree)."""
     kwargs = dict(request.chat_template_kwargs or {})
+    if kwargs.get("enable_thinking") is not None and not isinstance(kwargs["enable_thinking"], bool):
+        # a string such as "no" would be truthy in the template: thinking on, silently
+        raise OpenAIError(f"chat_template_kwargs.enable_thinking must be true or false, got "
+                          f"{kwargs['enable_thinking']!r}", 400, "chat_template_kwargs")
     if request.enable_thinking is not None:
         given = kwargs.get("enable_thinking")
         if given is not None and given != request.enable_thinking:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 __all__ = [
     "ChatCompletionRequest",
@@ -29,6 +29,26 @@ __all__ = [
     "TokenizeRequest",
     "Tool",
 ]
+
+
+def _valid_unicode(value: Any) -> Any:
+    """JSON's \\ud800-style escapes can carry lone UTF-16 surrogates, which no
+    tokenizer can encode: refuse them here (a 400 naming the field), not in the
+    tokenizer (a 500)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"the text is not valid Unicode: a lone surrogate {value[exc.start]!r} at "
+                             f"position {exc.start}") from None
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _valid_unicode(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _valid_unicode(key)
+            _valid_unicode(item)
+    return value
 
 
 class OpenAIBaseModel(BaseModel):
@@ -98,7 +118,16 @@ class ChatMessage(OpenAIBaseModel):
     tool_call_id: str | None = None
 
 
-class SamplingFields(OpenAIBaseModel):
+class RequestModel(OpenAIBaseModel):
+    """A whole request body: every string in it, nested ones included, is valid Unicode."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _unicode(cls, value: Any) -> Any:
+        return _valid_unicode(value)
+
+
+class SamplingFields(RequestModel):
     """Fields chat and completions share (OpenAI, then vLLM/FastDeploy extras)."""
 
     model: str | None = None
@@ -247,7 +276,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = 16  # OpenAI's and vLLM's default for completions
 
 
-class TokenizeRequest(OpenAIBaseModel):
+class TokenizeRequest(RequestModel):
     """vLLM's /tokenize: either a prompt or chat messages."""
 
     model: str | None = None
@@ -259,6 +288,6 @@ class TokenizeRequest(OpenAIBaseModel):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[StrictInt]

@@ -170,3 +170,22 @@ async def test_engine_refusal_is_a_400(http, monkeypatch, engine_client):
         assert_error(r, 400, "refused by the engine")
         r = await http.post(COMPLETIONS, json={"prompt": ["a", "b"], "max_tokens": 2, "stream": stream})
         assert_error(r, 400, "refused by the engine")
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", '{"prompt": "ab\\ud800cd", "max_tokens": 2}'),
+    ("/v1/completions", '{"prompt": ["ok", "x\\udc00"], "max_tokens": 2}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi \\udfff"}], "max_tokens": 2}'),
+    ("/v1/chat/completions",
+     '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud83d"}]}], "max_tokens": 2}'),
+    ("/v1/completions", '{"prompt": "hi", "stop": ["\\ud800"], "max_tokens": 2}'),
+])
+async def test_lone_surrogates_are_a_400_naming_the_field_never_a_500(http, path, body):
+    r = await http.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "not valid Unicode: a lone surrogate" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] in ("prompt", "messages", "stop")
+    # a proper pair (an emoji written as two escapes) is fine
+    ok = await http.post("/v1/completions", content='{"prompt": "hi \\ud83d\\ude42", "max_tokens": 2}',
+                         headers={"content-type": "application/json"})
+    assert ok.status_code == 200, ok.text

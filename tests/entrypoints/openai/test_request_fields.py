@@ -58,6 +58,8 @@ async def test_top_level_enable_thinking_is_the_template_kwarg(client):
     r = await post(client, CHAT, {"messages": USER, "enable_thinking": True,
                                   "chat_template_kwargs": {"enable_thinking": False}})
     assert assert_error(r, 400, "enable_thinking")["param"] == "enable_thinking"
+    r = await post(client, CHAT, {"messages": USER, "chat_template_kwargs": {"enable_thinking": "no"}})
+    assert assert_error(r, 400, "must be true or false")["param"] == "chat_template_kwargs"
 
 
 async def test_request_chat_template_is_rendered_sandboxed(client):
