@@ -227,3 +227,13 @@ def test_lm_head_fp32_keeps_the_head_float_and_refuses_a_quantized_head():
                                     '{"quantization": "wint8", "lm_head_quant_type": "wint8"}', "--lm_head-fp32"])
     with pytest.raises(ValueError, match="--lm_head-fp32 keeps the LM head float"):
         engine_args_from(ns)
+
+
+def test_the_readme_names_every_flag_and_its_reason():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Coming from FastDeploy"):]
+    for flag in FLAGS:
+        if flag.kind in ("no_effect", "not_yet", "unsupported"):
+            assert f"`{flag.name}`" in section and flag.reason in section, flag.name
