@@ -85,6 +85,9 @@ def run_engine_process(args: EngineArgs, address: str, ready: Any) -> None:
     finally:
         sock.close()
         ctx.term()
+        if os.getppid() != parent and address.startswith("ipc://"):
+            # the server died without cleaning up (SIGKILL): remove the socket's directory ourselves
+            shutil.rmtree(os.path.dirname(address[len("ipc://"):]), ignore_errors=True)
 
 
 def _setup_logging() -> None:
@@ -141,10 +144,14 @@ class _EngineLoop:
                 else:
                     self.owners[req.request_id] = ident
         elif kind == "abort":
+            # only the API process that owns a request may end it: with --workers, a client's
+            # request_id sent to two workers at once is refused by the engine in one of them,
+            # whose clean-up abort must not end the other's request
+            ids = [rid for rid in msg[1] if self.owners.get(rid) == ident]
             status = RequestStatus.FINISHED_STOPPED if msg[2] else RequestStatus.FINISHED_ABORTED
-            self.core.abort(msg[1], status)
-            for rid in msg[1]:
-                self.owners.pop(rid, None)
+            self.core.abort(ids, status)
+            for rid in ids:
+                del self.owners[rid]
         else:
             logger.error("ignoring an unknown message %r from an API process", kind)
 

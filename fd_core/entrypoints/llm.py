@@ -176,7 +176,11 @@ class LLM:
             except Exception as exc:  # jinja errors, raise_exception() in the template
                 raise ValueError(f"conversation {i}: the chat template could not render it: "
                                  f"{type(exc).__name__}: {exc}") from exc
-            prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text)})
+            try:
+                token_ids = self.tokenizer.encode(text)
+            except ValueError as exc:  # a lone surrogate in a message
+                raise ValueError(f"conversation {i} (of {len(conversations)}): {exc}") from None
+            prompts.append({"prompt": text, "prompt_token_ids": token_ids})
         ids = self._add_all(prompts, params, "conversation")
         parsing = ChatParsing(self.reasoning_parser, self.tool_parser, self.tokenizer, tool_list)
         if stream:

@@ -206,10 +206,11 @@ class Metrics:
         self._finished_total.inc()
         if output.num_cached_tokens > 0:
             self._finished_with_hits_total.inc()
-        if not aborted:
-            for reason in {o.finish_reason for o in output.outputs if o.finish_reason}:
-                if reason != "abort":
-                    self.request_success.labels(reason).inc()
+        reasons = [o.finish_reason for o in output.outputs if o.finish_reason]
+        if not aborted and reasons and "abort" not in reasons:
+            # once per request, so the sum over the label is FastDeploy's counter; with n > 1
+            # samples ending differently, "length" wins (the request hit a limit)
+            self.request_success.labels("length" if "length" in reasons else reasons[0]).inc()
         end = m.finished_time or m.last_token_time
         if m.ttft is not None:
             self.ttft.observe(m.ttft)

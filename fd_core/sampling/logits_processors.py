@@ -213,11 +213,11 @@ def check_request_args(processors: Sequence[LogitsProcessor], args: Mapping[str,
     known = {key for p in processors for key in p.arg_keys}
     unknown = sorted(set(args) - known)
     if unknown:
-        loaded = ", ".join(sorted(known)) or "none: the server runs without --logits-processors"
+        loaded = ", ".join(sorted(known)) or "none: no processor is loaded"
         raise ValueError(
             f"logits_processors_args key(s) {', '.join(map(repr, unknown))} are read by no loaded "
-            f"logits processor (keys read: {loaded}); start the engine with --logits-processors "
-            "naming a processor that reads them"
+            f"logits processor (keys read: {loaded}); start the server with --logits-processors "
+            "(offline: LLM(logits_processors=[...])) naming a processor that reads them"
         )
     for p in processors:
         if any(key in args for key in p.arg_keys):

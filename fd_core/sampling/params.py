@@ -66,6 +66,10 @@ def _strings(name: str, value: Any) -> list[str]:
     for item in value:
         if not isinstance(item, str) or item == "":
             raise ValueError(f"{name} must hold non-empty strings, got {item!r} in {value!r}")
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{name} must hold valid Unicode, got {item!r} (a lone surrogate)") from None
     return list(value)
 
 

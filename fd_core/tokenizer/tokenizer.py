@@ -218,6 +218,11 @@ class Tokenizer:
     # ---- encode / decode --------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`; added tokens in it become single ids. `add_special_tokens` prepends bos."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # sentencepiece would fail with an opaque RuntimeError
+            raise ValueError(f"the text is not valid Unicode: a lone surrogate {text[exc.start]!r} at "
+                             f"position {exc.start}") from None
         ids: list[int] = []
         if add_special_tokens and self.bos_token_id is not None:
             ids.append(self.bos_token_id)

@@ -98,3 +98,31 @@ def test_a_failure_while_receiving_outputs_fails_the_waiters_instead_of_hanging(
             await client.shutdown()
 
     asyncio.run(run())
+
+
+def test_a_request_id_refused_for_one_client_leaves_the_other_clients_request_alone(engine_args):
+    from fd_core.engine.client import RequestError
+
+    async def run() -> None:
+        owner = MPEngineClient(engine_args)
+        guest = MPEngineClient(engine_args, endpoint=owner.endpoint, process=owner.process)
+        try:
+            long = SamplingParams(max_tokens=40, ignore_eos=True, temperature=0)
+            first = owner.generate("same", "hello", long)
+            await first.__anext__()  # admitted and running in the engine
+            with pytest.raises(RequestError, match="already in use"):
+                async for _ in guest.generate("same", "hello", long):  # the same id from another worker
+                    pass
+            async def rest() -> object:
+                last = None
+                async for out in first:  # ...must not end the owner's request
+                    last = out
+                return last
+
+            last = await asyncio.wait_for(rest(), 60)  # before the fix it never finished
+            assert last is not None and last.finished and len(last.outputs[0].token_ids) == 40
+        finally:
+            await guest.shutdown()
+            await owner.shutdown()
+
+    asyncio.run(run())

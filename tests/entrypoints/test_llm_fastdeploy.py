@@ -264,3 +264,19 @@ def test_sampling_params_enable_thinking_is_a_validated_template_input():
     assert SamplingParams().enable_thinking is None
     with pytest.raises(ValueError, match="enable_thinking must be a bool"):
         SamplingParams(enable_thinking="no")
+
+
+def test_lone_surrogates_offline_are_value_errors_naming_the_prompt(checkpoint_factory):
+    from fd_core import LLM, SamplingParams
+
+    llm = LLM(str(checkpoint_factory("tiny-dense")), backend="cpu", max_model_len=64, num_gpu_blocks_override=16,
+              block_size=16)
+    params = SamplingParams(max_tokens=2)
+    with pytest.raises(ValueError, match=r"prompt 1 \(of 3\): the text is not valid Unicode"):
+        llm.generate(["ok", "\ud800", "ok"], params, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"conversation 0 \(of 1\): the text is not valid Unicode"):
+        llm.chat([{"role": "user", "content": "hi \udfff"}], params, use_tqdm=False)
+    with pytest.raises(ValueError, match="bad_words must hold valid Unicode"):
+        SamplingParams(bad_words=["\ud800"])
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.generate("ok", params, use_tqdm=False)[0].outputs.token_ids

@@ -4,6 +4,7 @@ outlives the server."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Any
@@ -122,10 +123,26 @@ def test_the_engine_exits_when_the_server_is_killed(model, tmp_path):
     pids = srv.descendants()
     work = InFlight(srv.url, LONG)  # busy: the engine notices between steps too
     wait_for(lambda: _both_running(srv), what="two requests running")
+    sockets = _engine_socket_dirs(pids)
     srv.signal(signal.SIGKILL)
     srv.wait()
     assert wait_gone(pids) == [], f"left running: {alive(pids)}"
     work.join()
     srv.stop()
+    assert sockets and not any(os.path.exists(d) for d in sockets)  # the engine removed its socket's directory
+
+
+def _engine_socket_dirs(pids: list[int]) -> list[str]:
+    """The fd-engine-* directories the server's processes have their IPC sockets in."""
+    found = set()
+    for pid in pids:
+        try:
+            for line in open(f"/proc/{pid}/net/unix"):
+                path = line.split()[-1]
+                if "/fd-engine-" in path:
+                    found.add(os.path.dirname(path))
+        except OSError:
+            continue
+    return sorted(found)
 
 

@@ -111,3 +111,16 @@ def test_request_token_ratio_is_output_tokens_per_second_of_finished_requests():
     metrics.request_received()
     metrics.request_finished(finished(aborted=True), 8, aborted=True)
     assert value(metrics, "request_token_ratio_count") == 1
+
+
+def test_a_request_counts_once_in_request_success_whatever_its_samples_did():
+    metrics = Metrics(info=INFO)
+    out = finished()
+    out.outputs = [CompletionOutput(0, "a", [1], finish_reason="stop"),
+                   CompletionOutput(1, "b", [1, 2], finish_reason="length")]  # n=2, ending differently
+    metrics.request_finished(out, 8)
+    metrics.request_finished(finished(), 8)
+    samples = {s.labels.get("finished_reason"): s.value
+               for f in text_string_to_metric_families(metrics.render().decode())
+               if f.name == METRIC_PREFIX + "request_success" for s in f.samples if s.name.endswith("_total")}
+    assert samples == {"length": 2.0}  # the sum over the label is FastDeploy's counter: 2 requests
