@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SamplingParams", "GREEDY_EPS", "MAX_BAD_WORDS", "MAX_LOGPROBS", "MAX_LOGIT_BIAS"]
+__all__ = ["SamplingParams", "GREEDY_EPS", "MAX_BAD_WORDS", "MAX_STOP", "MAX_LOGPROBS", "MAX_LOGIT_BIAS"]
 
 # temperature below this is greedy (vLLM's _SAMPLING_EPS): dividing by it
 # would only amplify rounding noise
@@ -22,7 +22,8 @@ GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20  # top logprobs per token, as FastDeploy allows
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values
 # bad words per request: each is tokenized on the API's event loop and checked at every step
-MAX_BAD_WORDS = 1024
+MAX_BAD_WORDS = 1024  # also the bound of bad_words_token_ids and stop_token_ids
+MAX_STOP = 64  # stop strings per request: each is searched for in the text of every step
 
 
 def _is_int(value: Any) -> bool:
@@ -166,10 +167,11 @@ class SamplingParams:
         set_(self, "stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
         set_(self, "bad_words", _strings("bad_words", self.bad_words))
         set_(self, "bad_words_token_ids", self._checked_bad_words_token_ids())
-        for name in ("bad_words", "bad_words_token_ids"):
-            if len(getattr(self, name) or ()) > MAX_BAD_WORDS:
-                raise ValueError(f"{name} holds {len(getattr(self, name))} entries; at most {MAX_BAD_WORDS} "
-                                 "are allowed (ban single tokens in bulk with logit_bias)")
+        for name, limit in (("bad_words", MAX_BAD_WORDS), ("bad_words_token_ids", MAX_BAD_WORDS),
+                            ("stop", MAX_STOP), ("stop_token_ids", MAX_BAD_WORDS)):
+            if len(getattr(self, name) or ()) > limit:
+                raise ValueError(f"{name} holds {len(getattr(self, name))} entries; at most {limit} are allowed"
+                                 + (" (ban single tokens in bulk with logit_bias)" if "bad" in name else ""))
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
                      "temp_scaled_logprobs", "top_p_normalized_logprobs"):
             _flag(name, getattr(self, name))

@@ -63,3 +63,13 @@ def test_bad_word_variants_are_deduplicated_in_order():
             return [ord(c) for c in text.strip()]  # " w" and "w" tokenize alike
 
     assert tokenize_bad_words(Tok(), ["ab", "c", " ab", "c"]) == [[97, 98], [99]]
+
+
+def test_stop_lists_are_bounded_per_request():
+    from fd_core.sampling.params import MAX_STOP
+
+    SamplingParams(stop=[f"s{i}" for i in range(MAX_STOP)], stop_token_ids=list(range(1024)))
+    with pytest.raises(ValueError, match=r"^stop holds 65 entries; at most 64 are allowed$"):
+        SamplingParams(stop=[f"s{i}" for i in range(MAX_STOP + 1)])
+    with pytest.raises(ValueError, match=r"stop_token_ids holds 300000 entries; at most 1024"):
+        SamplingParams(stop_token_ids=list(range(300000)))

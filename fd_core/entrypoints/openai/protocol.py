@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "ChatCompletionRequest",
@@ -65,9 +74,9 @@ class OpenAIBaseModel(BaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool = True  # a usage chunk (empty choices) before [DONE]
-    continuous_usage_stats: bool = False  # usage on every chunk as well
-    include_obfuscation: bool | None = None  # OpenAI's padding of deltas; no effect (nothing is padded)
+    include_usage: StrictBool = True  # a usage chunk (empty choices) before [DONE]
+    continuous_usage_stats: StrictBool = False  # usage on every chunk as well
+    include_obfuscation: StrictBool | None = None  # OpenAI's padding of deltas; no effect (nothing is padded)
 
 
 class FunctionDefinition(OpenAIBaseModel):
@@ -76,7 +85,7 @@ class FunctionDefinition(OpenAIBaseModel):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class Tool(OpenAIBaseModel):
@@ -131,37 +140,37 @@ class SamplingFields(RequestModel):
     """Fields chat and completions share (OpenAI, then vLLM/FastDeploy extras)."""
 
     model: str | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    frequency_penalty: StrictFloat | None = None
+    presence_penalty: StrictFloat | None = None
     logit_bias: dict[str, float] | None = None
-    max_tokens: int | None = None
-    n: int = 1
-    seed: int | None = None
+    max_tokens: StrictInt | None = None
+    n: StrictInt = 1
+    seed: StrictInt | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
     user: str | None = None  # a tag for the caller's records; no effect on generation
     # vLLM / FastDeploy extras
-    top_k: int | None = None
-    min_p: float | None = None
-    min_tokens: int | None = None
-    repetition_penalty: float | None = None
+    top_k: StrictInt | None = None
+    min_p: StrictFloat | None = None
+    min_tokens: StrictInt | None = None
+    repetition_penalty: StrictFloat | None = None
     stop_token_ids: list[StrictInt] | None = None
     bad_words: list[str] | None = None
     # FastDeploy's flat list (each id a one-token word) or vLLM's list of token-id lists
     bad_words_token_ids: list[StrictInt | list[StrictInt]] | None = None  # flat, nested or mixed
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
-    ignore_eos: bool = False
-    prompt_logprobs: int | None = None
-    include_logprobs_decode_token: bool = True  # False: prompt_logprobs carry no decoded_token
-    temp_scaled_logprobs: bool = False  # logprobs of logits / temperature
-    top_p_normalized_logprobs: bool = False  # logprobs renormalised over the top-p set
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    ignore_eos: StrictBool = False
+    prompt_logprobs: StrictInt | None = None
+    include_logprobs_decode_token: StrictBool = True  # False: prompt_logprobs carry no decoded_token
+    temp_scaled_logprobs: StrictBool = False  # logprobs of logits / temperature
+    top_p_normalized_logprobs: StrictBool = False  # logprobs renormalised over the top-p set
     logits_processors_args: dict[str, Any] | None = None  # arguments of the server's --logits-processors
-    return_token_ids: bool = False  # prompt_token_ids / completion_token_ids in the answer
-    max_streaming_response_tokens: int | None = Field(default=None, ge=1)  # tokens per chunk
+    return_token_ids: StrictBool = False  # prompt_token_ids / completion_token_ids in the answer
+    max_streaming_response_tokens: StrictInt | None = Field(default=None, ge=1)  # tokens per chunk
     request_id: str | None = None  # FastDeploy: the caller's id, prefixed by ours
     trace_context: str | None = None  # FastDeploy's tracing context; no effect (fd-core has no tracing)
     # known, refused unless no-op (unsupported.py says why)
@@ -212,12 +221,12 @@ class SamplingFields(RequestModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]  # may be empty when prompt_token_ids is given
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    max_completion_tokens: int | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None  # accepted; calls are never constrained to one
+    parallel_tool_calls: StrictBool | None = None  # accepted; calls are never constrained to one
     response_format: ResponseFormat | None = None
     metadata: dict[str, Any] | None = None  # tags; keys naming a request field set it (FastDeploy)
     store: Any = None  # false is accepted: nothing is stored
@@ -227,14 +236,14 @@ class ChatCompletionRequest(SamplingFields):
     safety_identifier: str | None = None  # a tag, like user
     # chat template controls (vLLM / FastDeploy)
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
-    enable_thinking: bool | None = None  # FastDeploy: the same as chat_template_kwargs.enable_thinking
+    enable_thinking: StrictBool | None = None  # FastDeploy: the same as chat_template_kwargs.enable_thinking
     chat_template: str | None = None  # this request's jinja template (server may forbid it)
-    add_generation_prompt: bool = True
-    disable_chat_template: bool = False  # the single message's text is the prompt, untemplated
+    add_generation_prompt: StrictBool = True
+    disable_chat_template: StrictBool = False  # the single message's text is the prompt, untemplated
     prompt_token_ids: list[StrictInt] | None = None  # the prompt as ids: no template, messages unused
     completion_token_ids: list[StrictInt] | None = None  # appended to the prompt (a started answer)
-    reasoning_max_tokens: int | None = None  # thinking budget (SamplingParams.reasoning_max_tokens)
-    response_max_tokens: int | None = Field(default=None, ge=1)  # FastDeploy: caps max_tokens when not thinking
+    reasoning_max_tokens: StrictInt | None = None  # thinking budget (SamplingParams.reasoning_max_tokens)
+    response_max_tokens: StrictInt | None = Field(default=None, ge=1)  # FastDeploy: caps max_tokens when not thinking
     # known, refused unless no-op
     functions: Any = None
     function_call: Any = None
@@ -269,11 +278,11 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]] | None = None
     # FastDeploy: the prompt(s) as ids; wins over prompt when both are given
     prompt_token_ids: list[StrictInt] | list[list[StrictInt]] | None = None
-    best_of: int | None = None  # sample best_of, answer the n with the highest cumulative logprob
-    echo: bool = False
-    logprobs: int | None = None
+    best_of: StrictInt | None = None  # sample best_of, answer the n with the highest cumulative logprob
+    echo: StrictBool = False
+    logprobs: StrictInt | None = None
     suffix: Any = None  # refused (OpenAI: text after the insertion; FastDeploy: a dict of extra fields)
-    max_tokens: int | None = 16  # OpenAI's and vLLM's default for completions
+    max_tokens: StrictInt | None = 16  # OpenAI's and vLLM's default for completions
 
 
 class TokenizeRequest(RequestModel):
@@ -282,10 +291,10 @@ class TokenizeRequest(RequestModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Tool] | None = None
-    return_token_strs: bool = False
+    return_token_strs: StrictBool = False
 
 
 class DetokenizeRequest(RequestModel):

@@ -19,11 +19,12 @@ from fd_core.entrypoints.openai.protocol import SamplingFields
 from fd_core.metrics import Metrics
 from fd_core.sampling.params import SamplingParams
 
-__all__ = ["OpenAIServing", "merge_streams", "random_id", "sse"]
+__all__ = ["MAX_SEQUENCES", "OpenAIServing", "merge_streams", "random_id", "sse"]
 
 logger = logging.getLogger("fd_core.entrypoints.openai")
 
 MAX_N = 128  # samples per prompt (OpenAI's limit): one request cannot flood the engine
+MAX_SEQUENCES = 256  # prompts x samples (n or best_of) of one request: the engine requests it fans out to
 _UNEXPECTED_KWARG = re.compile(r"unexpected keyword argument '(\w+)'")
 
 

@@ -20,6 +20,7 @@ from fd_core.entrypoints.openai.errors import OpenAIError, error_body
 from fd_core.entrypoints.openai.protocol import CompletionRequest
 from fd_core.entrypoints.openai.serving_base import (
     MAX_N,
+    MAX_SEQUENCES,
     OpenAIServing,
     merge_streams,
     random_id,
@@ -79,6 +80,10 @@ class OpenAIServingCompletion(OpenAIServing):
         check_refused(request)
         prompts = self.prompts_of(request)
         samples = self.best_of(request)
+        if len(prompts) * samples > MAX_SEQUENCES:
+            field = "best_of" if request.best_of else "n"
+            raise OpenAIError(f"{len(prompts)} prompts x {field} {samples} = {len(prompts) * samples} sequences; one "
+                              f"request may ask for at most {MAX_SEQUENCES} (send several requests)", 400, field)
         params_list = []  # as the answer shows them (n, the logprobs asked for)
         engine_params = []  # as generated: best_of samples, with logprobs to rank them by
         for _, ids in prompts:

@@ -189,3 +189,32 @@ async def test_lone_surrogates_are_a_400_naming_the_field_never_a_500(http, path
     ok = await http.post("/v1/completions", content='{"prompt": "hi \\ud83d\\ude42", "max_tokens": 2}',
                          headers={"content-type": "application/json"})
     assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("path, field, value", [
+    ("/v1/completions", "max_tokens", True),
+    ("/v1/completions", "stream", "yes"),
+    ("/v1/completions", "n", 2.0),
+    ("/v1/completions", "temperature", "0.5"),
+    ("/v1/completions", "ignore_eos", 1),
+    ("/v1/chat/completions", "logprobs", "true"),
+    ("/v1/chat/completions", "seed", "7"),
+])
+async def test_values_of_the_wrong_json_type_are_refused_not_coerced(http, path, field, value):
+    body = {"max_tokens": 2, field: value}
+    body.update({"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]})
+    r = await http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
+
+
+async def test_one_request_fans_out_to_a_bounded_number_of_sequences(http):
+    from fd_core.entrypoints.openai.serving_base import MAX_SEQUENCES
+
+    r = await http.post("/v1/completions", json={"prompt": ["a"] * 20, "n": 128, "max_tokens": 1})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "n" and f"20 prompts x n 128 = 2560 sequences; one request may ask for at most " \
+        f"{MAX_SEQUENCES}" in error["message"]
+    r = await http.post("/v1/completions", json={"prompt": ["a"] * 3, "n": 2, "best_of": 100, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "best_of"
