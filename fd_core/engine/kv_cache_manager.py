@@ -66,6 +66,8 @@ class KVCacheManager:
         if not self.enable_caching:
             return [], 0
         self._update_block_hashes(request)
+        if request.skip_prefix_cache:
+            return [], 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[CachedBlock] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:

@@ -99,6 +99,9 @@ class Request:
         self.min_tokens: int = sp.min_tokens if sp is not None else 0
         self.ignore_eos: bool = sp.ignore_eos if sp is not None else False
         self.stop_token_ids = frozenset(sp.stop_token_ids or ()) if sp is not None else frozenset()
+        # prompt logprobs need the logits of every prompt position: a prefix-cache hit
+        # would skip computing them (the request's own blocks are still cached for others)
+        self.skip_prefix_cache: bool = sp is not None and getattr(sp, "prompt_logprobs", None) is not None
 
         # prefix-cache keys besides the tokens: the salt goes into block 0's
         # hash; an image's hash goes into every block its placeholder overlaps

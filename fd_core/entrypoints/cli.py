@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
       help='e.g. \'{"window_size": 3000, "threshold": 0.99}\'')
     a("--logits-processors", nargs="+", default=None, help="logits processor classes (module:Class)")
     a("--disable-log-requests", action="store_true", help="no INFO line per request")
+    a("--disable-fastapi-docs", action="store_true",
+      help="serve no /docs, /redoc, /openapi.json (with --api-key they need the key)")
     for flag in FLAGS:
         if flag.kind in ("engine", "server"):
             continue
@@ -219,6 +221,7 @@ def server_kwargs_from(ns: argparse.Namespace) -> dict[str, Any]:
         allow_request_chat_template=not ns.disallow_request_chat_template,
         max_logprobs=ns.max_logprobs,
         log_requests=not ns.disable_log_requests,
+        fastapi_docs=not ns.disable_fastapi_docs,
     )
 
 

@@ -122,3 +122,21 @@ def test_evicted_prefix_comes_back_from_the_host_tier(dense):
     assert pool.pool.num_swap_ins > 0
     assert out.num_cached_tokens >= 80
     assert [out.outputs[0].token_ids] == expected
+
+
+def test_prompt_logprobs_cover_the_whole_prompt_after_a_prefix_cache_hit(dense):
+    from fd_core import LLM, SamplingParams
+
+    llm = LLM(str(dense), backend="cpu", max_model_len=512, num_gpu_blocks_override=64, block_size=16)
+    prompt = list(range(5, 205))  # 200 tokens: 12 full blocks cached after the first run
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1)
+    warm = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)[0]
+    assert warm.num_cached_tokens == 0
+    first, second = (llm.generate([prompt], params, use_tqdm=False)[0] for _ in range(2))
+    for out in (first, second):
+        assert len(out.prompt_logprobs) == 200 and out.prompt_logprobs[0] is None
+        assert all(p is not None for p in out.prompt_logprobs[1:])
+    assert [p[t].logprob for p, t in zip(first.prompt_logprobs[1:], prompt[1:])] == \
+        [p[t].logprob for p, t in zip(second.prompt_logprobs[1:], prompt[1:])]
+    again = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)[0]
+    assert again.num_cached_tokens == 192  # the prefix stays cached for requests without prompt logprobs

@@ -34,7 +34,8 @@ from fd_core.tokenizer.chat_template import load_chat_template
 __all__ = ["ServerArgs", "build_app", "build_metrics_app"]
 
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/config-info")  # /health, /version, /metrics stay open
+# with an API key these need it; /health, /ping, /version and /metrics stay open
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/config-info", "/docs", "/redoc", "/openapi.json")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class ServerArgs:
     allow_request_chat_template: bool = True
     tool_parser_plugin: str | None = None  # --tool-parser-plugin FILE: run before parsers are resolved
     log_requests: bool = True  # --disable-log-requests turns off the INFO line per request
+    fastapi_docs: bool = True  # False (--disable-fastapi-docs): no /docs, /redoc, /openapi.json
     max_logprobs: int = 20  # --max-logprobs: top logprobs a request may ask for (the engine checks too)
     max_waiting_time: float | None = None  # --max-waiting-time: seconds to the first output, else 408
     extra: dict[str, Any] = field(default_factory=dict)  # room for flags this layer ignores
@@ -173,7 +175,8 @@ def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> Fa
     tool_cls = resolve_parser("tool-call", args.tool_call_parser)
     metrics = Metrics(stats=client.stats, info=client.info)
 
-    app = FastAPI(title="fd-core OpenAI-compatible server", version=fd_core.__version__)
+    docs: dict[str, Any] = {} if args.fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="fd-core OpenAI-compatible server", version=fd_core.__version__, **docs)
     app.state.fd = AppState(
         client=client, tokenizer=client.tokenizer, served_model_names=names, max_model_len=max_model_len,
         metrics=metrics,

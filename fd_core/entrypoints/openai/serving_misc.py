@@ -35,7 +35,8 @@ def misc_router() -> APIRouter:
         return Response(status_code=200)
 
     # FastDeploy's (and SageMaker's) liveness probe: the same answer as /health
-    router.add_api_route("/ping", health, methods=["GET", "POST"])
+    router.add_api_route("/ping", health, methods=["GET"], name="ping")
+    router.add_api_route("/ping", health, methods=["POST"], name="ping_post")
 
     @router.get("/config-info")
     async def config(request: Request) -> dict[str, Any]:

@@ -136,6 +136,17 @@ async def test_api_key(engine_client):
         assert (await http.get("/health")).status_code == 200
         assert (await http.get("/metrics")).status_code == 200
         assert (await http.get("/version")).status_code == 200
+        for docs in ("/docs", "/openapi.json"):  # the API's description needs the key too
+            assert_error(await http.get(docs), 401)
+            assert (await http.get(docs, headers={"Authorization": "Bearer sekret"})).status_code == 200
+
+
+async def test_fastapi_docs_can_be_turned_off(engine_client):
+    app = build_app(engine_client, ServerArgs(served_model_names=(MODEL,), fastapi_docs=False))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://fd") as http:
+        for docs in ("/docs", "/redoc", "/openapi.json"):
+            assert (await http.get(docs)).status_code == 404
+        assert (await http.get("/health")).status_code == 200
 
 
 async def test_over_max_concurrency_is_429(engine_client):
