@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--api-key", action="append", default=None,
       help="require 'Authorization: Bearer KEY'; repeat for several keys (or FD_API_KEY=k1,k2)")
     a("--max-concurrency", type=int, default=512, help="requests in flight above this get 429")
+    a("--max-request-body-bytes", type=int, default=None,
+      help="larger request bodies get 413 (default: 16 MiB + 64 bytes per --max-model-len token)")
     a("--max-waiting-time", type=float, default=-1,
       help="seconds a request may wait to be served (queued and prefilled) before it gets 408; -1: no limit")
     a("--timeout-graceful-shutdown", type=float, default=0,
@@ -220,6 +222,7 @@ def server_kwargs_from(ns: argparse.Namespace) -> dict[str, Any]:
         metrics_port=ns.metrics_port,
         allow_request_chat_template=not ns.disallow_request_chat_template,
         max_logprobs=ns.max_logprobs,
+        max_request_body_bytes=ns.max_request_body_bytes,
         log_requests=not ns.disable_log_requests,
         fastapi_docs=not ns.disable_fastapi_docs,
     )

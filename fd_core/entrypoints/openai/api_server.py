@@ -22,6 +22,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import fd_core
 from fd_core.engine.client import EngineClient
+from fd_core.entrypoints.openai.body_limit import (
+    BODY_TIMEOUT_SECONDS,
+    BodyLimitMiddleware,
+    default_max_body_bytes,
+)
 from fd_core.entrypoints.openai.chat_parsing import resolve_parser
 from fd_core.entrypoints.openai.errors import error_response, install_error_handlers
 from fd_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -58,6 +63,9 @@ class ServerArgs:
     log_requests: bool = True  # --disable-log-requests turns off the INFO line per request
     fastapi_docs: bool = True  # False (--disable-fastapi-docs): no /docs, /redoc, /openapi.json
     max_logprobs: int = 20  # --max-logprobs: top logprobs a request may ask for (the engine checks too)
+    # --max-request-body-bytes: larger bodies get 413 (None: default_max_body_bytes(max_model_len))
+    max_request_body_bytes: int | None = None
+    request_body_timeout: float = BODY_TIMEOUT_SECONDS  # a body not complete by then gets 408
     max_waiting_time: float | None = None  # --max-waiting-time: seconds to the first output, else 408
     extra: dict[str, Any] = field(default_factory=dict)  # room for flags this layer ignores
 
@@ -71,6 +79,8 @@ class ServerArgs:
         object.__setattr__(self, "api_keys", tuple(dict.fromkeys(keys)))  # frozen: normalised once, here
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_request_body_bytes is not None and self.max_request_body_bytes < 1024:
+            raise ValueError(f"--max-request-body-bytes must be >= 1024, got {self.max_request_body_bytes}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"--max-model-len must be >= 2, got {self.max_model_len}")
 
@@ -202,6 +212,9 @@ def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> Fa
         app.add_api_route("/metrics", _metrics_endpoint(metrics), methods=["GET"], include_in_schema=False)
     if args.max_concurrency is not None:
         app.add_middleware(ConcurrencyLimitMiddleware, limit=args.max_concurrency)
+    # outside the concurrency limit: it counts only requests whose body has fully arrived
+    app.add_middleware(BodyLimitMiddleware, timeout=args.request_body_timeout,
+                       max_bytes=args.max_request_body_bytes or default_max_body_bytes(max_model_len))
     if args.api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=args.api_keys)  # outermost: 401 before 429
     return app
