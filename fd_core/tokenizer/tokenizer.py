@@ -87,6 +87,7 @@ class Tokenizer:
             sp.id_to_piece(i) if i < sp.get_piece_size() else "" for i in range(size)
         ]
         self._bytes: list[bytes] = []
+        self._max_token_bytes: int | None = None
         special: set[int] = set()
         for i, piece in enumerate(self._pieces):
             if i >= sp.get_piece_size():
@@ -236,6 +237,13 @@ class Tokenizer:
         if start < len(text):
             ids.extend(self._sp.encode(text[start:]))
         return ids
+
+    @property
+    def max_token_bytes(self) -> int:
+        """Bytes of the longest token, so text of n characters is at least n / this many tokens."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max((len(b) for b in self._bytes), default=1) or 1
+        return self._max_token_bytes
 
     def token_bytes(self, token_id: int, skip_special_tokens: bool = False) -> bytes:
         """The bytes id `token_id` contributes to decoded text (b"" for a skipped special token)."""

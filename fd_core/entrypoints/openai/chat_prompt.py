@@ -28,6 +28,7 @@ from fd_core.entrypoints.openai.template_sandbox import (
     RequestTemplateRenderer,
     shared_renderer,
 )
+from fd_core.entrypoints.openai.tokenize_text import encode_text
 
 __all__ = ["chat_prompt_ids", "message_text", "render_chat", "render_request_chat", "text_messages"]
 
@@ -128,7 +129,8 @@ def template_kwargs(request: Any) -> dict[str, Any]:
 
 
 async def chat_prompt_ids(request: Any, tokenizer: Any, server_template: str | None,
-                          allow_request_template: bool, renderer: RequestTemplateRenderer | None = None) -> list[int]:
+                          allow_request_template: bool, renderer: RequestTemplateRenderer | None = None,
+                          max_model_len: int = 1 << 30) -> list[int]:
     """The prompt token ids of a ChatCompletionRequest (ids are not yet checked against the vocabulary).
 
     ``renderer`` renders a request's own template (default: the process's shared one).
@@ -147,14 +149,14 @@ async def chat_prompt_ids(request: Any, tokenizer: Any, server_template: str | N
             raise OpenAIError(f"disable_chat_template takes exactly one message, whose text is the prompt; "
                               f"got {len(request.messages)}", 400, "disable_chat_template")
         text = message_text(request.messages[0].content, 0) or ""
-        ids = tokenizer.encode(text)
+        ids = await encode_text(tokenizer, text, max_model_len, "messages")
     elif request.chat_template is not None:
         text = await render_request_chat(renderer or shared_renderer(), tokenizer, request.template_messages(),
                                          request.add_generation_prompt, request.template_tools(), kwargs,
                                          request.chat_template)
-        ids = tokenizer.encode(text)
+        ids = await encode_text(tokenizer, text, max_model_len, "messages")
     else:
         text = render_chat(tokenizer, request.template_messages(), request.add_generation_prompt,
                            request.template_tools(), kwargs, server_template)
-        ids = tokenizer.encode(text)
+        ids = await encode_text(tokenizer, text, max_model_len, "messages")
     return ids + list(request.completion_token_ids or [])

@@ -44,7 +44,8 @@ class OpenAIServingChat(OpenAIServing):
         self.check_token_ids(request.prompt_token_ids or [], "prompt_token_ids")
         self.check_token_ids(request.completion_token_ids or [], "completion_token_ids")
         prompt_ids = await chat_prompt_ids(request, self.tokenizer, self.chat_template,
-                                           self.allow_request_chat_template, self.template_renderer)
+                                           self.allow_request_chat_template, self.template_renderer,
+                                           self.max_model_len)
         field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         max_tokens = self.max_tokens_for(len(prompt_ids), requested, field)

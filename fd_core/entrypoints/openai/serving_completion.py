@@ -27,6 +27,7 @@ from fd_core.entrypoints.openai.serving_base import (
     sse,
     usage,
 )
+from fd_core.entrypoints.openai.tokenize_text import encode_text
 from fd_core.entrypoints.openai.unsupported import check_refused
 from fd_core.sampling.params import SamplingParams
 
@@ -36,7 +37,7 @@ logger = logging.getLogger("fd_core.entrypoints.openai")
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    def prompts_of(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+    async def prompts_of(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
         """(text or None, token ids) per prompt of the request; FastDeploy's
         ``prompt_token_ids`` (one list or a batch) win over ``prompt``."""
         prompt: Any = request.prompt_token_ids or request.prompt
@@ -54,7 +55,7 @@ class OpenAIServingCompletion(OpenAIServing):
         out: list[tuple[str | None, list[int]]] = []
         for item in items:
             if isinstance(item, str):
-                out.append((item, self.tokenizer.encode(item)))
+                out.append((item, await encode_text(self.tokenizer, item, self.max_model_len, "prompt")))
             else:
                 self.check_token_ids(item, field)
                 out.append((None, list(item)))
@@ -78,7 +79,7 @@ class OpenAIServingCompletion(OpenAIServing):
         arrival = time.time()
         model = self.check_model(request.model)
         check_refused(request)
-        prompts = self.prompts_of(request)
+        prompts = await self.prompts_of(request)
         samples = self.best_of(request)
         if len(prompts) * samples > MAX_SEQUENCES:
             field = "best_of" if request.best_of else "n"

@@ -15,6 +15,7 @@ from fd_core.entrypoints.openai.config_info import config_info, fallback_config_
 from fd_core.entrypoints.openai.errors import OpenAIError, error_response
 from fd_core.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
 from fd_core.entrypoints.openai.serving_chat import render_chat
+from fd_core.entrypoints.openai.tokenize_text import encode_text
 
 __all__ = ["config_info", "misc_router"]
 
@@ -74,7 +75,7 @@ def misc_router() -> APIRouter:
                                body.add_generation_prompt, tools, body.chat_template_kwargs, st.chat.chat_template)
         else:
             text = body.prompt or ""
-        tokens = st.tokenizer.encode(text)
+        tokens = await encode_text(st.tokenizer, text, st.max_model_len, "messages" if body.messages else "prompt")
         out: dict[str, Any] = {"count": len(tokens), "max_model_len": st.max_model_len, "tokens": tokens}
         if body.return_token_strs:
             out["token_strs"] = [st.chat.token_text(t) for t in tokens]

@@ -85,3 +85,36 @@ async def test_stalled_uploads_do_not_take_the_concurrency_slots(engine_client):
 
 def test_the_default_limit_leaves_room_for_the_longest_prompt():
     assert default_max_body_bytes(131072) == 16 * (1 << 20) + 64 * 131072
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "word " * 200_000, "max_tokens": 1}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 200_000}], "max_tokens": 1}),
+    ("/tokenize", {"prompt": "word " * 200_000}),
+])
+async def test_text_too_long_for_the_context_is_refused_without_tokenizing_it(engine_client, path, body,
+                                                                             monkeypatch):
+    app = build_app(engine_client, ServerArgs(served_model_names=("tiny",)))
+    calls: list[int] = []
+    real = engine_client.tokenizer.encode
+    monkeypatch.setattr(engine_client.tokenizer, "encode", lambda text, *a, **k: calls.append(len(text)) or
+                        real(text, *a, **k))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://fd") as http:
+        r = await http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert "more than 256 tokens can hold" in r.json()["error"]["message"]  # the fixture's --max-model-len
+    assert all(n < 100_000 for n in calls)  # the million characters were never tokenized
+
+
+async def test_long_text_that_can_fit_is_tokenized_off_the_event_loop(engine_client, monkeypatch):
+    import threading
+
+    from fd_core.entrypoints.openai.tokenize_text import INLINE_CHARS, encode_text
+
+    threads: list[str] = []
+    real = engine_client.tokenizer.encode
+    monkeypatch.setattr(engine_client.tokenizer, "encode", lambda text, *a, **k: threads.append(
+        threading.current_thread().name) or real(text, *a, **k))
+    await encode_text(engine_client.tokenizer, "a" * (INLINE_CHARS + 1), 1 << 20, "prompt")
+    await encode_text(engine_client.tokenizer, "a b", 1 << 20, "prompt")
+    assert threads[0] != threading.main_thread().name and threads[1] == threading.main_thread().name
