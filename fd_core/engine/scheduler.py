@@ -75,6 +75,12 @@ class Scheduler:
                 f"max_model_len is {max_len}, which leaves no room to generate; shorten the "
                 f"prompt to at most {max_len - 1} tokens or raise --max-model-len"
             )
+        if request.max_tokens is None:
+            # "as many as fit": within max_model_len and what the KV pool holds for one sequence
+            # (the last token's KV is never computed, hence + 1)
+            pool = self.kv_cache_manager.num_usable_blocks * self.block_size + 1
+            if pool < max_len and request.num_prompt_tokens < pool:
+                request.max_tokens = pool - request.num_prompt_tokens
         final_len = min(request.num_prompt_tokens + (request.max_tokens or max_len), max_len)
         # the last token's KV is never computed: the request stops on sampling it
         num_blocks = self.kv_cache_manager.num_blocks_for(final_len - 1)

@@ -450,10 +450,17 @@ def test_request_larger_than_the_kv_pool_is_rejected():
         ValueError, match=r"need 8 KV blocks of 4 tokens, but the KV cache has only 4"
     ):
         sched.add_request(make_req("a", 10, max_tokens=20))
-    with pytest.raises(ValueError, match="only 4"):
-        sched.add_request(make_req("b", 10, max_tokens=None))
     sched.add_request(make_req("c", 10, max_tokens=7))  # 16 tokens, 15 cached: 4 blocks
     run_to_completion(sched)
+
+
+def test_no_max_tokens_means_as_many_as_the_pool_holds_not_a_refusal():
+    sched = make_scheduler(num_blocks=5, max_model_len=64)  # 16 tokens of KV, less than max_model_len
+    b = make_req("b", 10, max_tokens=None)
+    sched.add_request(b)
+    assert b.max_tokens == 7  # 10 + 7 = 17 tokens: the 17th is sampled, its KV never stored
+    run_to_completion(sched)
+    assert b.num_output_tokens == 7 and b.status == RequestStatus.FINISHED_LENGTH
 
 
 def test_bad_requests_are_rejected():

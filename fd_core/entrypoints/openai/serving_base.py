@@ -109,7 +109,11 @@ class OpenAIServing:
                 f"{prompt_len} input tokens, which leaves no room for the completion. Please reduce "
                 f"the length of the input {what}.", 400, what)
         if requested is None:
-            return limit - prompt_len
+            # all the context left, but never more than the KV pool can hold for one sequence
+            # (its last token's KV is never stored): a smaller pool is not a 400 for every request
+            info = self.client.info
+            pool = (info.num_kv_blocks - 1) * info.block_size + 1 if info.num_kv_blocks > 1 else limit
+            return max(1, min(limit, pool) - prompt_len)
         if requested < 1:
             raise OpenAIError(f"{field} must be at least 1, got {requested}.", 400, field)
         if prompt_len + requested > limit:

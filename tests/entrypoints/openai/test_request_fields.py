@@ -3,6 +3,7 @@ the SamplingParams the engine gets, or the answer."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from fd_core.tokenizer import Tokenizer
@@ -199,3 +200,27 @@ async def test_server_max_logprobs_and_tool_parser_plugin(client, tmp_path):
     r = await post(client, CHAT, {"messages": USER}, tool_parser_plugin=str(plugin),
                    tool_call_parser="server_test_tools")
     assert r.status_code == 200, r.text
+
+
+async def test_without_max_tokens_a_small_kv_pool_caps_the_answer_instead_of_refusing(checkpoint_factory):
+    import asyncio as _asyncio
+
+    from fd_core.config import EngineArgs
+    from fd_core.engine.client import InprocEngineClient
+    from fd_core.entrypoints.openai.api_server import ServerArgs as _ServerArgs
+    from fd_core.entrypoints.openai.api_server import build_app as _build_app
+
+    engine = InprocEngineClient(EngineArgs.from_kwargs(
+        str(checkpoint_factory("tiny-dense", "pytorch")), backend="cpu", max_model_len=256,
+        num_gpu_blocks_override=5, block_size=16))  # 64 tokens of KV, fewer than max_model_len
+    try:
+        app = _build_app(engine, _ServerArgs(served_model_names=("tiny",)))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://fd") as http:
+            r = await http.post("/v1/chat/completions", json={"messages": USER, "ignore_eos": True})
+            assert r.status_code == 200, r.text  # before: 400, the pool cannot hold max_model_len tokens
+            assert r.json()["choices"][0]["finish_reason"] == "length"
+            usage = r.json()["usage"]
+            assert usage["prompt_tokens"] + usage["completion_tokens"] == 65  # 4 blocks of 16, + 1 sampled
+    finally:
+        await engine.shutdown()
+        await _asyncio.sleep(0)
