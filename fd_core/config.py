@@ -15,7 +15,7 @@ from typing import Any
 
 from fd_core import envs
 
-__all__ = ["EngineArgs", "UnsupportedFeatureError", "host_available_bytes", "host_swap_blocks", "kv_cache_blocks"]
+__all__ = ["EngineArgs", "UnsupportedFeatureError", "host_available_bytes", "host_memory", "host_swap_blocks", "kv_cache_blocks"]
 
 GIB = 1 << 30
 SWAP_FRACTION = 0.5  # --swap-space may take at most this share of the host memory available
@@ -262,17 +262,25 @@ def kv_cache_blocks(
     return int(min(wanted, blocks))
 
 
-def host_available_bytes() -> int:
-    """MemAvailable of this host (0 when unknown)."""
+def host_memory() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) of this host in bytes; 0 for what /proc/meminfo does not say."""
+    total = available = 0
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 key, value = line.split(":", 1)
-                if key == "MemAvailable":
-                    return int(value.split()[0]) * 1024
+                if key == "MemTotal":
+                    total = int(value.split()[0]) * 1024
+                elif key == "MemAvailable":
+                    available = int(value.split()[0]) * 1024
     except OSError:
         pass
-    return 0
+    return total, available
+
+
+def host_available_bytes() -> int:
+    """MemAvailable of this host (0 when unknown)."""
+    return host_memory()[1]
 
 
 def host_swap_blocks(swap_space_gib: float, bytes_per_block: int, available_bytes: int,

@@ -62,6 +62,7 @@ class Flag:
     kind: str  # engine | server | no_effect | not_yet | unsupported
     reason: str = ""  # no_effect / not_yet / unsupported: why, for the log line or the error
     neutral: tuple[Any, ...] = (None,)  # not_yet / unsupported: values accepted as "off"
+    values: tuple[Any, ...] | None = None  # no_effect: the values FastDeploy accepts (None: any)
     type: Any = str  # argparse type (bool flags: store_true)
     nargs: str | None = None
     aliases: tuple[str, ...] = ()
@@ -131,8 +132,9 @@ FLAGS: list[Flag] = [
     _nf("--prealloc-dec-block-slot-num-threshold", V0_SCHEDULER, type=int),
     _nf("--static-decode-blocks", V0_SCHEDULER, type=int),
     _nf("--load-choices", "both of FastDeploy's loaders map to the one loader here, which reads "
-        "safetensors tensor by tensor", aliases=("--load_choices",)),
-    _nf("--enable-logprob", "logprobs are always available; requests ask for them with logprobs", type=BOOL),
+        "safetensors tensor by tensor", aliases=("--load_choices",), values=("default", "default_v1")),
+    _nf("--enable-logprob", "logprobs are always available; requests ask for them with logprobs", type=BOOL,
+        values=(True, False)),
     _nf("--use-warmup", "the engine always warms up (one prefill and one decode) before serving", type=int),
     _nf("--enable-output-caching", "with prefix caching on, full blocks of output tokens are cached too; "
         "--no-enable-prefix-caching turns both off", type=parse_bool, nargs="?"),
@@ -216,6 +218,8 @@ def check_flag(flag: Flag, value: Any) -> str | None:
     else return the INFO line to log (``no_effect``) or None."""
     given = f"{flag.name} {_show(value)}".rstrip()
     if flag.kind == "no_effect":
+        if flag.values is not None and (value not in flag.values or type(value) is not type(flag.values[0])):
+            raise ValueError(f"{flag.name} must be one of {', '.join(map(str, flag.values))}, got {value!r}")
         return f"{given} has no effect here: {flag.reason}"
     if flag.kind in ("not_yet", "unsupported") and value not in flag.neutral:
         if flag.name == "--graph-optimization-config" and not _enables_graphs(value):

@@ -89,14 +89,9 @@ def fd_device_availability() -> Availability:
 
 @impl
 def fd_device_memory(device_id: int) -> MemoryInfo:
-    total = free = 0
-    with open("/proc/meminfo") as f:
-        for line in f:
-            key, value = line.split(":", 1)
-            if key == "MemTotal":
-                total = int(value.split()[0]) * 1024
-            elif key == "MemAvailable":
-                free = int(value.split()[0]) * 1024
+    from fd_core.config import host_memory
+
+    total, free = host_memory()
     return MemoryInfo(total_bytes=total, free_bytes=free)
 
 

@@ -13,14 +13,12 @@ the batch stays in the engine, so the next call starts clean.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal, overload
 
 from fd_core import envs
-from fd_core.config import EngineArgs
 from fd_core.engine.llm_engine import LLMEngine
 from fd_core.engine.outputs import RequestOutput
 from fd_core.entrypoints.llm_chat import (
@@ -33,7 +31,6 @@ from fd_core.entrypoints.llm_inputs import (
     Prompt,
     check_prompt,
     indexed,
-    note_no_effect,
     prompts_of,
     refuse_unsupported,
 )
@@ -58,21 +55,13 @@ class LLM:
     ``chat_template``, ...; every ``EngineArgs`` field), an unknown one is a
     TypeError naming it. LLM-level ones: ``reasoning_parser`` and
     ``tool_call_parser`` split ``LLM.chat``'s answers as the server does;
-    ``tool_parser_plugin`` is a Python file that registers tool parsers;
-    ``enable_logprob`` and ``load_choices`` are accepted and have no effect
-    (logprobs are always available; weights always load tensor by tensor).
+    ``tool_parser_plugin`` is a Python file that registers tool parsers. FastDeploy's
+    other names (``enable_logprob``, ``load_choices``, ...) go to ``EngineArgs.from_kwargs``,
+    which logs those with no effect here and refuses those naming a missing feature.
     """
 
     def __init__(self, model: str, *, reasoning_parser: str | None = None, tool_call_parser: str | None = None,
-                 tool_parser_plugin: str | None = None, enable_logprob: bool | None = None,
-                 load_choices: str | None = None, **engine_args: Any) -> None:
-        own = {"reasoning_parser": reasoning_parser, "tool_call_parser": tool_call_parser,
-               "tool_parser_plugin": tool_parser_plugin, "enable_logprob": enable_logprob,
-               "load_choices": load_choices}
-        engine_fields = {f.name for f in dataclasses.fields(EngineArgs)}
-        for name, value in own.items():  # EngineArgs fields among them travel on to the engine too
-            if name in engine_fields and value is not None:
-                engine_args[name] = value
+                 tool_parser_plugin: str | None = None, **engine_args: Any) -> None:
         setup_logging("llm", console=not logging.getLogger().handlers)
         envs.check_values()
         envs.log_no_effect(logger)
@@ -82,7 +71,6 @@ class LLM:
             ToolParserManager.import_tool_parser(tool_parser_plugin)
         self.reasoning_parser = resolve_parser("reasoning", reasoning_parser)
         self.tool_parser = resolve_parser("tool-call", tool_call_parser)
-        note_no_effect(enable_logprob, load_choices, engine_fields)
         self.engine = LLMEngine.from_kwargs(model, **engine_args)
         self._ids = itertools.count()
 
@@ -121,6 +109,9 @@ class LLM:
         refuse_unsupported(lora_request=lora_request, priority=priority)
         prompt_list = prompts_of(prompts)
         params = self._params_for(sampling_params, len(prompt_list), "prompts")
+        if any(p.enable_thinking is not None for p in params):  # nothing renders a template here
+            raise ValueError("SamplingParams(enable_thinking=...) is a chat-template input: it works with "
+                             "LLM.chat; generate takes the prompt as it is")
         ids = self._add_all(prompt_list, params, "prompt")
         parsing = ChatParsing(None, None, self.tokenizer, None)
         kwargs: list[dict[str, Any]] = [{}] * len(ids)

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Prompt", "check_prompt", "indexed", "note_no_effect", "prompts_of",
+__all__ = ["Prompt", "check_prompt", "indexed", "prompts_of",
            "refuse_unsupported"]
 
 logger = logging.getLogger("fd_core.entrypoints.llm")
@@ -20,7 +20,6 @@ Prompt = str | list[int] | dict[str, Any]
 
 _PROMPT_KEYS = ("prompt", "prompt_token_ids")
 _MULTIMODAL_KEYS = ("multimodal_data", "multi_modal_data", "mm_processor_kwargs")
-_LOAD_CHOICES = ("default", "default_v1")
 
 
 def prompts_of(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
@@ -66,19 +65,5 @@ def refuse_unsupported(**arguments: Any) -> None:
     for name, value in arguments.items():
         if value is not None and value != {}:
             raise TypeError(f"{name}={value!r}: {_NOT_SUPPORTED[name]}; leave it unset")
-
-
-def note_no_effect(enable_logprob: bool | None, load_choices: str | None, engine_fields: set[str]) -> None:
-    """One INFO line per FastDeploy argument that is accepted but changes nothing here."""
-    if enable_logprob is not None and "enable_logprob" not in engine_fields:
-        if not isinstance(enable_logprob, bool):
-            raise ValueError(f"enable_logprob must be a bool, got {enable_logprob!r}")
-        logger.info("enable_logprob has no effect: fd-core always has logprobs; ask with "
-                    "SamplingParams(logprobs=N)")
-    if load_choices is not None and "load_choices" not in engine_fields:
-        if load_choices not in _LOAD_CHOICES:
-            raise ValueError(f"load_choices must be 'default' or 'default_v1', got {load_choices!r}")
-        logger.info("load_choices=%s has no effect: fd-core always loads safetensors tensor by tensor",
-                    load_choices)
 
 

@@ -175,15 +175,15 @@ def test_a_bad_prompt_is_named_and_the_batch_is_taken_back(thinker):
 
 def test_fastdeploy_constructor_arguments(scripted, caplog):
     path = scripted("respond", THINK_RESPOND)
-    with caplog.at_level(logging.INFO, logger="fd_core.entrypoints.llm"):
+    with caplog.at_level(logging.INFO, logger="fd_core.config"):
         llm = LLM(model=path, tokenizer=path, enable_logprob=True, load_choices="default_v1",
                   reasoning_parser="ernie-x1", tool_call_parser="ernie_x1", chat_template=None, **ENGINE)
     assert llm.llm_engine is llm.engine and llm.get_tokenizer() is llm.tokenizer
     logged = caplog.text
-    if "enable_logprob" not in {f for f in _engine_fields()}:
-        assert "enable_logprob has no effect" in logged
-    if "load_choices" not in _engine_fields():
-        assert "load_choices=default_v1 has no effect" in logged
+    assert "--enable-logprob has no effect here" in logged
+    assert "--load-choices default_v1 has no effect here" in logged
+    with pytest.raises(ValueError, match="--load-choices must be one of default, default_v1, got 'dummy'"):
+        LLM(model=path, load_choices="dummy", **ENGINE)
     (out,) = llm.chat(USER, SamplingParams(max_tokens=200, logprobs=2), use_tqdm=False)
     assert out.outputs.text == ANSWER and len(out.outputs.logprobs) == len(out.outputs.token_ids)
     with pytest.raises(ValueError, match="unknown reasoning parser 'nope'"):
@@ -249,13 +249,6 @@ def test_n_samples_read_both_ways(thinker):
     assert out.outputs.text == out.outputs[0].text == THINK_RESPOND
 
 
-def _engine_fields() -> set[str]:
-    import dataclasses
-
-    from fd_core.config import EngineArgs
-
-    return {f.name for f in dataclasses.fields(EngineArgs)}
-
 
 def test_sampling_params_enable_thinking_is_a_validated_template_input():
     from fd_core import SamplingParams
@@ -280,3 +273,13 @@ def test_lone_surrogates_offline_are_value_errors_naming_the_prompt(checkpoint_f
         SamplingParams(bad_words=["\ud800"])
     assert not llm.engine.has_unfinished_requests()
     assert llm.generate("ok", params, use_tqdm=False)[0].outputs.token_ids
+
+
+def test_enable_thinking_is_refused_where_no_template_renders(checkpoint_factory):
+    from fd_core import LLM, SamplingParams
+
+    llm = LLM(str(checkpoint_factory("tiny-dense")), backend="cpu", max_model_len=64, num_gpu_blocks_override=16,
+              block_size=16)
+    with pytest.raises(ValueError, match=r"enable_thinking=\.\.\.\) is a chat-template input"):
+        llm.generate("hi", SamplingParams(max_tokens=2, enable_thinking=False), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()

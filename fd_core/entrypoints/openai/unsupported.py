@@ -59,6 +59,9 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "web_search_options": (_off, "is not supported: fd-core has no web search"),
     "verbosity": (_off, "is not supported; remove the field"),
     "store": (_off, "is not supported: fd-core does not store completions; send false or leave it out"),
+    # true (the default) is what happens anyway; false would need the output constrained to one call
+    "parallel_tool_calls": (lambda v: v is None or v is True, "false (at most one tool call) needs structured output, which "
+                            "fd-core does not implement yet (issue 19); leave it out or send true"),
     "service_tier": (_one_of("auto", "default"), "is not supported beyond 'auto' and 'default': "
                                                  "fd-core has one service tier"),
 }

@@ -83,8 +83,13 @@ async def test_stalled_uploads_do_not_take_the_concurrency_slots(engine_client):
         await asyncio.gather(*stalled, return_exceptions=True)
 
 
-def test_the_default_limit_leaves_room_for_the_longest_prompt():
-    assert default_max_body_bytes(131072) == 16 * (1 << 20) + 64 * 131072
+@pytest.mark.parametrize("max_model_len", [2048, 131072])
+def test_the_default_limit_admits_the_longest_prompt_in_either_form(max_model_len):
+    ids = json.dumps({"prompt": [103423] * (max_model_len - 1), "max_tokens": 1})
+    # a JSON-escaped text prompt: every character \uXXXX, up to 4 characters a token
+    text = json.dumps({"messages": [{"role": "user", "content": "\u00e9" * 4 * max_model_len}]})
+    assert len(ids) < default_max_body_bytes(max_model_len)
+    assert len(text) < default_max_body_bytes(max_model_len)
 
 
 @pytest.mark.parametrize("path, body", [

@@ -90,7 +90,7 @@ async def test_fastdeploy_sampling_fields_reach_sampling_params(client):
     body = {"messages": USER, "max_tokens": 8, "reasoning_max_tokens": 5,
             "logits_processors_args": {"think_stop_sentence": "ok"}, "temp_scaled_logprobs": True,
             "top_p_normalized_logprobs": True, "include_stop_str_in_output": True, "stop": ["x"],
-            "user": "u1", "trace_context": "t", "parallel_tool_calls": False, "store": False,
+            "user": "u1", "trace_context": "t", "parallel_tool_calls": True, "store": False,
             "service_tier": "auto", "modalities": ["text"], "prompt_cache_key": "k", "guided_json": None,
             "include_draft_logprobs": False}
     r = await post(client, CHAT, body)
