@@ -197,15 +197,21 @@ def test_where_the_output_starts_in_reasoning():
     assert not prompt_ends_reasoning([31, 30, 6], THINK)  # reopened
 
 
-def test_budget_forces_think_end_as_token_n_plus_1(ops):
+@pytest.mark.parametrize("thinking, forced", [
+    ("default", "end"),  # FastDeploy's default strategy: "</think>" alone
+    ("x1", "x1"),  # FD_LIMIT_THINKING_CONTENT_TRUNCATE_STR="\\n</think>\\n\\n": its whole sequence
+])
+def test_budget_forces_its_sequence_from_token_n_plus_1(ops, thinking, forced):
     n = 3
+    tokens = THINK if thinking == "default" else X1
+    expected = [THINK.end_id] if forced == "end" else [NL, 31, NL, NL]
     sampler = Sampler(ops, V, "sort")
     logits = np.zeros((1, V), np.float32)
     logits[0, 7] = 10.0  # greedy always picks 7
-    state = _state(temperature=0.0, reasoning_max_tokens=n, max_tokens=10, thinking=THINK)
-    for _ in range(n + 3):
+    state = _state(temperature=0.0, reasoning_max_tokens=n, max_tokens=12, thinking=tokens)
+    for _ in range(n + len(expected) + 2):
         state.output_token_ids.append(sampler.sample(_tensor(logits), [state]).sampled_token_ids[0])
-    assert state.output_token_ids == [7] * n + [THINK.end_id] + [7, 7]
+    assert state.output_token_ids == [7] * n + expected + [7, 7]
 
 
 def test_budget_state_comes_from_the_output_alone():
@@ -239,17 +245,6 @@ def test_budget_without_think_end_token_is_refused():
 
 NL = 10  # the newline token of the "\n</think>\n\n" strategy below
 X1 = ThinkingTokens(end_id=31, start_id=30, boundary_ids=frozenset({3}), forced_ids=(NL, 31, NL, NL))
-
-
-def test_the_string_strategy_forces_its_whole_sequence_from_token_n_plus_1(ops):
-    n = 3
-    sampler = Sampler(ops, V, "sort")
-    logits = np.zeros((1, V), np.float32)
-    logits[0, 7] = 10.0  # greedy always picks 7
-    state = _state(temperature=0.0, reasoning_max_tokens=n, max_tokens=12, thinking=X1)
-    for _ in range(n + 6):
-        state.output_token_ids.append(sampler.sample(_tensor(logits), [state]).sampled_token_ids[0])
-    assert state.output_token_ids == [7] * n + [NL, 31, NL, NL] + [7, 7]
 
 
 def test_forcing_runs_to_its_end_whatever_is_sampled():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -36,6 +37,13 @@ async def test_disconnect_mid_stream_frees_blocks(live_http, engine_client, path
         original(request_id)
 
     monkeypatch.setattr(engine, "abort_request", abort_request)
+    step = engine.step
+
+    def slow_step():  # 180 steps take >= 0.9 s: the disconnect always lands while they run
+        time.sleep(0.005)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
     request = {**body, "max_tokens": 180, "stream": True, **GREEDY}
     seen = 0
     async with live_http.stream("POST", path, json=request) as r:
