@@ -28,7 +28,9 @@ from fd_core.entrypoints.openai.body_limit import (
     default_max_body_bytes,
 )
 from fd_core.entrypoints.openai.chat_parsing import resolve_parser
+from fd_core.entrypoints.openai.concurrency import ConcurrencyLimit, ConcurrencyLimitMiddleware
 from fd_core.entrypoints.openai.errors import error_response, install_error_handlers
+from fd_core.entrypoints.openai.literal_tokens import LiteralSpecialTokens
 from fd_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from fd_core.entrypoints.openai.serving_chat import OpenAIServingChat
 from fd_core.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -51,7 +53,7 @@ class ServerArgs:
     # --api-key (repeatable) / FD_API_KEY="k1,k2": any of them opens /v1/*, /tokenize, /detokenize
     api_keys: tuple[str, ...] = ()
     api_key: str | None = None  # one more key (the former single-key field); merged into api_keys
-    max_concurrency: int | None = None  # --max-concurrency: generation requests in flight; more get 429
+    max_concurrency: int | None = None  # --max-concurrency: engine requests (sequences) in flight; more get 429
     reasoning_parser: str | None = None  # --reasoning-parser, e.g. ernie_x1
     tool_call_parser: str | None = None  # --tool-call-parser, e.g. ernie_x1
     metrics_port: int | None = None  # --metrics-port: /metrics on its own app (build_metrics_app)
@@ -67,6 +69,8 @@ class ServerArgs:
     max_request_body_bytes: int | None = None
     request_body_timeout: float = BODY_TIMEOUT_SECONDS  # a body not complete by then gets 408
     max_waiting_time: float | None = None  # --max-waiting-time: seconds to the first output, else 408
+    # --escape-special-tokens: special-token strings in user/tool content are text, never control tokens
+    escape_special_tokens: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # room for flags this layer ignores
 
     def __post_init__(self) -> None:
@@ -138,32 +142,6 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-class ConcurrencyLimitMiddleware:
-    """429 at once for a generation request over ``limit`` in flight (a stream is
-    in flight until its last byte)."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-        self.in_flight = 0
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in GENERATION_PATHS:
-            await self.app(scope, receive, send)
-            return
-        if self.in_flight >= self.limit:
-            response = error_response(
-                f"Too many requests: {self.in_flight} are in flight and this server takes at most "
-                f"{self.limit} (--max-concurrency); retry later", 429, headers={"Retry-After": "1"})
-            await response(scope, receive, send)
-            return
-        self.in_flight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.in_flight -= 1
-
-
 def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> FastAPI:
     """The OpenAI-compatible app over ``client``.
 
@@ -197,6 +175,8 @@ def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> Fa
     )
     app.state.fd.chat.max_logprobs = app.state.fd.completion.max_logprobs = args.max_logprobs
     app.state.fd.chat.max_waiting_time = app.state.fd.completion.max_waiting_time = args.max_waiting_time
+    if args.escape_special_tokens:
+        app.state.fd.chat.literal = LiteralSpecialTokens(client.tokenizer)
     install_error_handlers(app)
     app.include_router(misc_router())
 
@@ -211,7 +191,8 @@ def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> Fa
     if args.metrics_port is None:
         app.add_api_route("/metrics", _metrics_endpoint(metrics), methods=["GET"], include_in_schema=False)
     if args.max_concurrency is not None:
-        app.add_middleware(ConcurrencyLimitMiddleware, limit=args.max_concurrency)
+        app.state.concurrency = ConcurrencyLimit(args.max_concurrency)
+        app.add_middleware(ConcurrencyLimitMiddleware, limit=app.state.concurrency, paths=GENERATION_PATHS)
     # outside the concurrency limit: it counts only requests whose body has fully arrived
     app.add_middleware(BodyLimitMiddleware, timeout=args.request_body_timeout,
                        max_bytes=args.max_request_body_bytes or default_max_body_bytes(max_model_len))

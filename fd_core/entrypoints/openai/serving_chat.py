@@ -11,7 +11,9 @@ from fd_core.engine.client import EngineClient
 from fd_core.engine.outputs import RequestOutput
 from fd_core.entrypoints.openai.chat_parsing import ChoiceParser
 from fd_core.entrypoints.openai.chat_prompt import chat_prompt_ids, render_chat
+from fd_core.entrypoints.openai.concurrency import reserve
 from fd_core.entrypoints.openai.errors import OpenAIError, error_body
+from fd_core.entrypoints.openai.literal_tokens import LiteralSpecialTokens
 from fd_core.entrypoints.openai.protocol import ChatCompletionRequest
 from fd_core.entrypoints.openai.serving_base import OpenAIServing, random_id, sse, usage
 from fd_core.entrypoints.openai.template_sandbox import RequestTemplateRenderer
@@ -34,6 +36,7 @@ class OpenAIServingChat(OpenAIServing):
         self.chat_template = chat_template
         self.allow_request_chat_template = allow_request_chat_template
         self.template_renderer: RequestTemplateRenderer | None = None  # request templates; None: the shared one
+        self.literal: LiteralSpecialTokens | None = None  # --escape-special-tokens (set by build_app)
 
     async def create(self, request: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
         """The response dict, or the SSE event strings when ``request.stream``."""
@@ -45,7 +48,7 @@ class OpenAIServingChat(OpenAIServing):
         self.check_token_ids(request.completion_token_ids or [], "completion_token_ids")
         prompt_ids = await chat_prompt_ids(request, self.tokenizer, self.chat_template,
                                            self.allow_request_chat_template, self.template_renderer,
-                                           self.max_model_len)
+                                           self.max_model_len, self.literal)
         field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         max_tokens = self.max_tokens_for(len(prompt_ids), requested, field)
@@ -56,6 +59,7 @@ class OpenAIServingChat(OpenAIServing):
         extra = {} if request.reasoning_max_tokens is None else {"reasoning_max_tokens": request.reasoning_max_tokens}
         params = self.sampling_params(request, max_tokens, (request.top_logprobs or 0) if request.logprobs else None,
                                       **extra)
+        reserve(params.n, "n")  # each sample is an engine request against --max-concurrency
         request_id = random_id("chatcmpl", request.request_id)
         stream = self.generate(request_id, prompt_ids, params, arrival)
         first = await self.first_output(stream)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fd_core.engine.outputs import CompletionOutput, RequestOutput
+from fd_core.entrypoints.openai.concurrency import reserve
 from fd_core.entrypoints.openai.errors import OpenAIError, error_body
 from fd_core.entrypoints.openai.protocol import CompletionRequest
 from fd_core.entrypoints.openai.serving_base import (
@@ -85,6 +86,8 @@ class OpenAIServingCompletion(OpenAIServing):
             field = "best_of" if request.best_of else "n"
             raise OpenAIError(f"{len(prompts)} prompts x {field} {samples} = {len(prompts) * samples} sequences; one "
                               f"request may ask for at most {MAX_SEQUENCES} (send several requests)", 400, field)
+        # every sequence is an engine request against --max-concurrency
+        reserve(len(prompts) * samples, "best_of" if request.best_of else "n")
         params_list = []  # as the answer shows them (n, the logprobs asked for)
         engine_params = []  # as generated: best_of samples, with logprobs to rank them by
         for _, ids in prompts:

@@ -168,6 +168,40 @@ async def test_over_max_concurrency_is_429(engine_client):
         assert r.status_code == 200, r.text
 
 
+async def test_max_concurrency_counts_engine_requests_not_http_requests(engine_client):
+    """Issue 14 #8: n and prompts x n are engine requests; one HTTP request of n=8 holds 8 slots."""
+    limit = 8
+    app = build_app(engine_client, ServerArgs(served_model_names=(MODEL,), max_concurrency=limit))
+    async with httpx.AsyncClient(transport=StreamingASGITransport(app), base_url="http://fd", timeout=60) as http:
+        # alone, a request needing more than the whole limit could never run: 400 naming the field
+        r = await http.post(COMPLETIONS, json={"prompt": ["a", "b", "c"], "n": 3, "max_tokens": 1})
+        assert_error(r, 400, "--max-concurrency")
+        assert r.json()["error"]["param"] == "n"
+        r = await http.post(CHAT, json={"messages": USER, "n": limit + 1, "max_tokens": 1})
+        assert_error(r, 400, "--max-concurrency")
+        long = {"messages": USER, "max_tokens": 200, "stream": True, "n": limit - 1, **GREEDY}
+        async with http.stream("POST", CHAT, json=long) as first:
+            assert first.status_code == 200
+            assert app.state.concurrency.in_flight == limit - 1
+            # one slot left: a single sequence fits, two do not
+            r = await http.post(COMPLETIONS, json={"prompt": ["a", "b"], "max_tokens": 1})
+            assert_error(r, 429, "retry later")
+            assert r.headers["retry-after"] == "1"
+            r = await http.post(CHAT, json={"messages": USER, "n": 2, "max_tokens": 1})
+            assert_error(r, 429, "retry later")
+            r = await http.post(CHAT, json={"messages": USER, "max_tokens": 1})
+            assert r.status_code == 200, r.text
+        for _ in range(100):  # every slot is given back once the stream is closed
+            if app.state.concurrency.in_flight == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert app.state.concurrency.in_flight == 0
+        r = await http.post(COMPLETIONS, json={"prompt": ["a", "b"], "n": 4, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"]) == 8
+        assert app.state.concurrency.in_flight == 0
+
+
 async def test_engine_refusal_is_a_400(http, monkeypatch, engine_client):
     from fd_core.engine.client import RequestError
 
