@@ -91,9 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--chat-template", default=None, help="a jinja2 template file or string")
     a("--disallow-request-chat-template", action="store_true",
       help="answer 400 to requests carrying their own chat_template")
+    a("--escape-special-tokens", action="store_true",
+      help="special-token strings in user and tool message content are tokenized as plain text, so a user "
+           "cannot forge control tokens or turns (default off: they become control tokens, as in FastDeploy)")
     a("--api-key", action="append", default=None,
       help="require 'Authorization: Bearer KEY'; repeat for several keys (or FD_API_KEY=k1,k2)")
-    a("--max-concurrency", type=int, default=512, help="requests in flight above this get 429")
+    a("--max-concurrency", type=int, default=512,
+      help="engine requests (sequences: n, prompts x n) in flight; more get 429")
     a("--max-request-body-bytes", type=int, default=None,
       help="larger request bodies get 413 (default: 16 MiB + 64 bytes per --max-model-len token)")
     a("--max-waiting-time", type=float, default=-1,
@@ -225,6 +229,7 @@ def server_kwargs_from(ns: argparse.Namespace) -> dict[str, Any]:
         max_request_body_bytes=ns.max_request_body_bytes,
         log_requests=not ns.disable_log_requests,
         fastapi_docs=not ns.disable_fastapi_docs,
+        escape_special_tokens=ns.escape_special_tokens,
     )
 
 

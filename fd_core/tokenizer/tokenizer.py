@@ -110,6 +110,7 @@ class Tokenizer:
             if content in self._added:
                 special.add(self._added[content])
         self._special_ids = frozenset(special)
+        self._protected_ids = frozenset(special) | frozenset(self._added.values())
         alternatives = sorted(self._added, key=len, reverse=True)  # leftmost-longest, like HF
         self._added_re = (
             re.compile("|".join(map(re.escape, alternatives))) if alternatives else None
@@ -217,8 +218,10 @@ class Tokenizer:
         return i
 
     # ---- encode / decode --------------------------------------------------------
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of `text`; added tokens in it become single ids. `add_special_tokens` prepends bos."""
+    def encode(self, text: str, add_special_tokens: bool = False, split_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`; added tokens in it become single ids. `add_special_tokens` prepends bos.
+
+        `split_special_tokens` (HF's name): added-token strings are plain text, encoded piece by piece."""
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:  # sentencepiece would fail with an opaque RuntimeError
@@ -228,6 +231,8 @@ class Tokenizer:
         if add_special_tokens and self.bos_token_id is not None:
             ids.append(self.bos_token_id)
         start = 0
+        if split_special_tokens:
+            return ids + self._encode_literal(text)
         if self._added_re is not None:
             for match in self._added_re.finditer(text):
                 if match.start() > start:
@@ -236,6 +241,25 @@ class Tokenizer:
                 start = match.end()
         if start < len(text):
             ids.extend(self._sp.encode(text[start:]))
+        return ids
+
+    def _encode_literal(self, text: str) -> list[int]:
+        """`text` as ordinary pieces: no added or special token comes out, even one the
+        sentencepiece model itself matches (user-defined pieces). Each added-token string is
+        cut after its first character; a piece that still encodes to a protected id is
+        encoded character by character."""
+        if self._added_re is None:
+            return list(self._sp.encode(text))
+        cuts = [m.start() + 1 for m in self._added_re.finditer(text)]
+        protected = self._protected_ids
+        ids: list[int] = []
+        for start, end in zip([0, *cuts], [*cuts, len(text)]):
+            if start == end:
+                continue
+            piece = self._sp.encode(text[start:end])
+            if not protected.isdisjoint(piece):
+                piece = [i for ch in text[start:end] for i in self._sp.encode(ch)]
+            ids.extend(piece)
         return ids
 
     @property

@@ -36,6 +36,18 @@ def test_added_and_special_tokens_are_single_ids(tok: Tokenizer) -> None:
         assert ids.count(token_id) == 1 and tok.decode(ids) == f"abc{token}def"
 
 
+def test_split_special_tokens_keeps_added_token_strings_as_text(tok: Tokenizer) -> None:
+    """--escape-special-tokens relies on this: no added or special id comes out, the text survives."""
+    reserved = set(tok.added_tokens.values()) | {tok.convert_tokens_to_ids(t) for t in ("<unk>", "<s>", "</s>")}
+    for token in ALL_ADDED:
+        for text in (token, f"abc{token}def", token * 3, f"{token[:-1]}{token}"):
+            ids = tok.encode(text, split_special_tokens=True)
+            assert not reserved & set(ids), (text, ids)
+            assert tok.decode(ids) == text
+    for text in random_texts(seed=3, count=100):  # text without them encodes as usual
+        assert tok.encode(text, split_special_tokens=True) == tok.encode(text)
+
+
 def test_normal_text_never_yields_added_ids(padded_tok: Tokenizer) -> None:
     reserved = set(padded_tok.added_tokens.values()) | set(range(2048, PADDED_VOCAB))
     near_misses = "<think <|IMAGE_START| </s <unused_3000 <unused_> <mask:9> <|LOC_0|>"

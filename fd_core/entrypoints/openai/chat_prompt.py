@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from fd_core.entrypoints.openai.errors import OpenAIError
+from fd_core.entrypoints.openai.literal_tokens import UNTRUSTED_ROLES, LiteralSpecialTokens
 from fd_core.entrypoints.openai.template_sandbox import (
     RenderError,
     RenderLimitError,
@@ -130,10 +131,12 @@ def template_kwargs(request: Any) -> dict[str, Any]:
 
 async def chat_prompt_ids(request: Any, tokenizer: Any, server_template: str | None,
                           allow_request_template: bool, renderer: RequestTemplateRenderer | None = None,
-                          max_model_len: int = 1 << 30) -> list[int]:
+                          max_model_len: int = 1 << 30, literal: LiteralSpecialTokens | None = None) -> list[int]:
     """The prompt token ids of a ChatCompletionRequest (ids are not yet checked against the vocabulary).
 
-    ``renderer`` renders a request's own template (default: the process's shared one).
+    ``renderer`` renders a request's own template (default: the process's shared one);
+    ``literal`` (``--escape-special-tokens``) keeps special-token strings in user and tool
+    content as text.
     """
     if request.chat_template is not None and not allow_request_template:
         raise OpenAIError("chat_template: this server does not take a chat template in the request "
@@ -149,14 +152,19 @@ async def chat_prompt_ids(request: Any, tokenizer: Any, server_template: str | N
             raise OpenAIError(f"disable_chat_template takes exactly one message, whose text is the prompt; "
                               f"got {len(request.messages)}", 400, "disable_chat_template")
         text = message_text(request.messages[0].content, 0) or ""
-        ids = await encode_text(tokenizer, text, max_model_len, "messages")
-    elif request.chat_template is not None:
-        text = await render_request_chat(renderer or shared_renderer(), tokenizer, request.template_messages(),
-                                         request.add_generation_prompt, request.template_tools(), kwargs,
-                                         request.chat_template)
-        ids = await encode_text(tokenizer, text, max_model_len, "messages")
+        plain = literal.encode_content if literal and request.messages[0].role in UNTRUSTED_ROLES else None
+        ids = await encode_text(tokenizer, text, max_model_len, "messages", plain)
     else:
-        text = render_chat(tokenizer, request.template_messages(), request.add_generation_prompt,
-                           request.template_tools(), kwargs, server_template)
-        ids = await encode_text(tokenizer, text, max_model_len, "messages")
+        messages, encode = text_messages(request.template_messages()), None
+        if literal is not None:
+            messages, found, nonce = literal.escape(messages)
+            encode = literal.encoder(found, nonce)
+        if request.chat_template is not None:
+            text = await render_request_chat(renderer or shared_renderer(), tokenizer, messages,
+                                             request.add_generation_prompt, request.template_tools(), kwargs,
+                                             request.chat_template)
+        else:
+            text = render_chat(tokenizer, messages, request.add_generation_prompt,
+                               request.template_tools(), kwargs, server_template)
+        ids = await encode_text(tokenizer, text, max_model_len, "messages", encode)
     return ids + list(request.completion_token_ids or [])

@@ -11,10 +11,10 @@ from fastapi.responses import Response
 
 import fd_core
 from fd_core.engine.client import EngineDeadError
+from fd_core.entrypoints.openai.chat_prompt import render_chat, text_messages
 from fd_core.entrypoints.openai.config_info import config_info, fallback_config_info
 from fd_core.entrypoints.openai.errors import OpenAIError, error_response
 from fd_core.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
-from fd_core.entrypoints.openai.serving_chat import render_chat
 from fd_core.entrypoints.openai.tokenize_text import encode_text
 
 __all__ = ["config_info", "misc_router"]
@@ -71,11 +71,16 @@ def misc_router() -> APIRouter:
             raise OpenAIError("give exactly one of prompt or messages", 400, "prompt")
         if body.messages is not None:
             tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-            text = render_chat(st.tokenizer, [m.model_dump(exclude_none=True) for m in body.messages],
-                               body.add_generation_prompt, tools, body.chat_template_kwargs, st.chat.chat_template)
+            messages, encode = text_messages([m.model_dump(exclude_none=True) for m in body.messages]), None
+            if st.chat.literal is not None:  # --escape-special-tokens: count what chat would generate from
+                messages, found, nonce = st.chat.literal.escape(messages)
+                encode = st.chat.literal.encoder(found, nonce)
+            text = render_chat(st.tokenizer, messages, body.add_generation_prompt, tools,
+                               body.chat_template_kwargs, st.chat.chat_template)
         else:
-            text = body.prompt or ""
-        tokens = await encode_text(st.tokenizer, text, st.max_model_len, "messages" if body.messages else "prompt")
+            text, encode = body.prompt or "", None
+        tokens = await encode_text(st.tokenizer, text, st.max_model_len, "messages" if body.messages else "prompt",
+                                   encode)
         out: dict[str, Any] = {"count": len(tokens), "max_model_len": st.max_model_len, "tokens": tokens}
         if body.return_token_strs:
             out["token_strs"] = [st.chat.token_text(t) for t in tokens]
