@@ -150,7 +150,8 @@ class ChatParsing:
                 if key not in self._streams:
                     self._streams[key] = self._parser(output, template_kwargs)
                 parser = self._streams[key]
-                fields = parser.delta(sample.delta_text, sample.delta_token_ids) or {}
+                fields = parser.delta(sample.delta_text, sample.delta_token_ids,
+                                      finished=sample.finish_reason is not None) or {}
                 delta.text = fields.get("content") or ""
                 delta.reasoning_content = fields.get("reasoning_content")
                 delta.tool_calls = fields.get("tool_calls")

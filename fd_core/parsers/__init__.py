@@ -19,12 +19,19 @@ Use, per request (parsers keep streaming state, so one instance each)::
     if delta and delta.content:
         tool_delta = tools.extract_tool_calls_streaming(
             prev_content, prev_content + delta.content, delta.content, [], [], [], request)
+    # after the last delta: what each parser held back (the reasoning
+    # parser's content tail goes through the tool parser first)
+    tail = reasoning.finish_streaming()
+    tool_tail = tools.finish_streaming(request)
 
-Streamed and one-shot results agree for any split of the text into deltas
-(for ``qwen3``/``ernie-45-vl`` as long as the output has ``</think>``; see
-their modules). Parsers hold back a trailing piece of text that could still
-be the start of a tag (and, before a closing tag, one newline); at the end
-of an output such a piece is dropped in both modes.
+(``fd_core.entrypoints.openai.chat_parsing.ChoiceParser`` does all this.)
+Streamed deltas, joined, equal the one-shot result for any split of the
+text, once ``finish_streaming`` was called. Parsers hold back a trailing
+piece of text that could still be the start of a tag (and, before a
+closing tag, one newline), and a ``<tool_call>`` block until it is known to
+be a call or not; at the end of an output what is still held back is
+released as text, in both modes (a ``<tool_call>`` that never became a
+call stays in the content, tags included).
 """
 
 from fd_core.parsers.base import (

@@ -2,8 +2,9 @@
 
 Same rules as Qwen3 (see ``reasoning_qwen3``): the text before ``</think>``
 is reasoning, the rest content, and an output with no ``</think>`` is all
-content (FastDeploy's ``ernie-45-vl`` does the same). Registered as
-``ernie-45-vl`` (``ernie_45_vl`` also works).
+reasoning, streamed or not (FastDeploy's ``ernie-45-vl`` makes it content
+when not streaming only). Registered as ``ernie-45-vl`` (``ernie_45_vl``
+also works).
 """
 
 from __future__ import annotations

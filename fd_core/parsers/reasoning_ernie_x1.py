@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fd_core.parsers.base import TagReasoningParser, TagRule, TagSplitter, TagState
+from fd_core.parsers.tags import TagReasoningParser, TagRule, TagSplitter, TagState
 
 __all__ = ["ErnieX1ReasoningParser"]
 

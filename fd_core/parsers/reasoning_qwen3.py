@@ -3,21 +3,23 @@
 ``reasoning_content`` is the text before ``</think>`` (a leading ``<think>``,
 the newlines after it and the newline before ``</think>`` removed);
 ``content`` is the text after it, leading newlines removed. An output with
-no ``</think>`` is all content (thinking disabled); a leading ``<think>`` is
-still removed.
+no ``</think>`` is all reasoning: the model was still thinking when it
+stopped (e.g. at ``max_tokens``).
 
-Streaming cannot know that ``</think>`` will never come, so a stream shows
-the text before ``</think>`` as reasoning. When thinking is disabled the
-prompt already holds the empty think block, ``is_reasoning_end(prompt ids)``
-is true, and the API layer should then not run the reasoning parser at all
-(as vLLM does); with that, streaming and non-streaming agree.
+That last rule is what a stream can show: it cannot know that ``</think>``
+will never come, so it sends the text before ``</think>`` as reasoning, and
+the one-shot result says the same (FastDeploy's ``qwen3`` returns such an
+output as content when not streaming, so its two modes disagree).
+When thinking is disabled the prompt already holds the empty think block,
+``is_reasoning_end(prompt ids)`` is true, and the API layer does not run
+the reasoning parser at all (as vLLM does): the whole output is content.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fd_core.parsers.base import TagReasoningParser, TagRule, TagSplitter, TagState
+from fd_core.parsers.tags import TagReasoningParser, TagRule, TagSplitter, TagState
 
 __all__ = ["Qwen3ReasoningParser"]
 
@@ -36,9 +38,4 @@ class Qwen3ReasoningParser(TagReasoningParser):
     def extract_reasoning_content(
         self, model_output: str, request: Any = None
     ) -> tuple[str | None, str | None]:
-        if self.think_end not in model_output:
-            text = model_output
-            if text.startswith(self.think_start):
-                text = text[len(self.think_start):].lstrip("\n")
-            return None, text or None
         return self.split(model_output)

@@ -1,25 +1,31 @@
 """ERNIE-4.5 tool calls: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
 
-Any number of blocks, with text around them. Rules, the same in both modes:
+Any number of blocks, with text around them. A block runs from
+``<tool_call>`` to the next ``</tool_call>``, or to the end of the output
+when it never closes. Rules, the same streamed and not:
 
 - A block whose text starts with a JSON object with a string ``"name"``
-  becomes a call as soon as that object is complete; ``arguments`` (an
-  object, or a string holding JSON; ``{}`` when absent) is re-serialised
-  with ``json.dumps(..., ensure_ascii=False)``. Text after the object up to
-  ``</tool_call>`` is dropped.
-- A closed block that is not such a call (invalid JSON, no name) stays in
-  the content verbatim, tags included; nothing raises.
-- A block cut off by the end of the output (e.g. ``max_tokens`` inside a
-  call) is kept as a call when its JSON object is already complete, and
-  dropped otherwise: a half-written argument is never passed on as a call.
-- Text outside the blocks is the content; None (non-streaming) or not sent
-  (streaming) while it is only whitespace.
+  is a call, from the moment that object is complete, closed or not;
+  ``arguments`` (an object, or a string holding JSON; ``{}`` when absent)
+  is re-serialised with ``json.dumps(..., ensure_ascii=False)``. The rest
+  of the block, up to ``</tool_call>``, is dropped.
+- Any other block stays in the content verbatim, tags included: a closed
+  block that is not a call (invalid JSON, no name, prose), and an unclosed
+  one whose object never completed (e.g. ``max_tokens`` inside a call, or
+  a ``<tool_call>`` followed by a plain answer). Nothing raises, and no
+  text is lost.
+- Text outside the blocks is the content. When the output has calls and
+  the content is only whitespace, the content is None (non-streaming) or
+  not sent (streaming); without calls the content is the text unchanged.
 
 Streaming sends a call whole, once its JSON object is complete: one
 ``DeltaToolCall`` with index, id, type, name and the full arguments. That
 makes the streamed arguments equal the non-streamed ones exactly, whatever
 spacing the model used; the cost is that a call's arguments do not trickle
-out token by token.
+out token by token. A block that may still become a call is held back
+until it is decided (a block that does not start with ``{`` is decided at
+once); ``finish_streaming`` releases, as content, what the end of the
+output decided.
 """
 
 from __future__ import annotations
@@ -71,19 +77,31 @@ def _decode_object(text: str) -> tuple[bool, Any]:
         return False, None
 
 
+def _held_back(text: str, tag: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
+    return next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:n])), 0)
+
+
 class _CallSplitter:
-    """Incremental: text in, (content, calls) out; see the module docstring."""
+    """Incremental: text in, (content, calls) out; see the module docstring.
+
+    ``block`` is None outside a block; inside one it is ``"open"`` while the
+    block may still become a call (its text, after START, is held back),
+    ``"call"`` once its call was emitted (the rest is dropped) and
+    ``"text"`` once it cannot be a call (passed through verbatim). Every
+    decision depends only on the text so far, never on where it was cut.
+    """
 
     def __init__(self) -> None:
-        self.pending = ""  # undecided text: a possible START prefix, or an open block
-        self.in_block = False
-        self.block_done = False  # the open block's call was already emitted
+        self.pending = ""  # undecided text: a possible START/END prefix, or an open block's text
+        self.block: str | None = None
+        self.num_calls = 0
         self.content_started = False  # non-whitespace content was emitted
-        self.blank = ""  # leading whitespace content, held until content starts
-        self.fed = 0
+        self.blank = ""  # leading whitespace content, held until content starts or the output ends
+        self.fed = 0  # characters fed so far
 
     def _content(self, text: str) -> str:
-        if self.content_started:
+        if self.content_started or not text:
             return text
         self.blank += text
         if not self.blank.strip():
@@ -97,35 +115,69 @@ class _CallSplitter:
         buf = self.pending + text
         content, calls = "", []
         while True:
-            if not self.in_block:
+            if self.block is None:
                 index = buf.find(START)
                 if index == -1:
-                    hold = next((n for n in range(min(len(START) - 1, len(buf)), 0, -1)
-                                 if buf.endswith(START[:n])), 0)
+                    hold = _held_back(buf, START)
                     content += self._content(buf[: len(buf) - hold])
                     buf = buf[len(buf) - hold:]
                     break
                 content += self._content(buf[:index])
                 buf = buf[index + len(START):]
-                self.in_block, self.block_done = True, False
+                self.block = "open"
                 continue
             end = buf.find(END)
-            body = buf if end == -1 else buf[:end]
-            # the object can only have completed if this text brought a "}"
-            if not self.block_done and ("}" in text or end != -1):
-                complete, value = _decode_object(body)
-                call = _as_call(value) if complete else None
-                if call is not None:
-                    calls.append(call)
-                    self.block_done = True
-                elif end != -1:  # closed, and not a call: it is text
-                    content += self._content(START + body + END)
+            if self.block == "open":
+                body = buf if end == -1 else buf[:end]
+                # a JSON object can only complete on a "}" this text brought
+                verdict = _verdict(body, may_be_complete="}" in text)
+                if verdict is None and end == -1:
+                    break
+                if isinstance(verdict, FunctionCall):
+                    calls.append(verdict)
+                    self.num_calls += 1
+                    self.block = "call"
+                else:  # not a call: the block is text, its START included
+                    content += self._content(START)
+                    self.block = "text"
+                continue
             if end == -1:
+                hold = _held_back(buf, END)
+                if self.block == "text":
+                    content += self._content(buf[: len(buf) - hold])
+                buf = buf[len(buf) - hold:]
                 break
+            if self.block == "text":
+                content += self._content(buf[: end + len(END)])
             buf = buf[end + len(END):]
-            self.in_block = False
+            self.block = None
         self.pending = buf
         return content, calls
+
+    def finish(self) -> str:
+        """End of output: the content still held back (calls are all out by now)."""
+        buf, self.pending = self.pending, ""
+        if self.block == "open":  # its object never completed: not a call
+            buf = START + buf
+        content = "" if self.block == "call" else self._content(buf)
+        if not self.content_started and not self.num_calls:
+            content, self.blank = self.blank, ""  # whitespace-only content is dropped only beside calls
+        return content
+
+
+def _verdict(body: str, may_be_complete: bool) -> FunctionCall | bool | None:
+    """What an open block's text decides: its call, False (not a call), or None (not yet)."""
+    text = body.lstrip()
+    if not text:
+        return None
+    if not text.startswith("{"):
+        return False
+    if not may_be_complete:
+        return None
+    complete, value = _decode_object(text)
+    if not complete:
+        return None
+    return _as_call(value) or False
 
 
 class ErnieX1ToolParser(ToolParser):
@@ -137,7 +189,9 @@ class ErnieX1ToolParser(ToolParser):
         self._num_calls = 0
 
     def extract_tool_calls(self, model_output: str, request: Any = None) -> ExtractedToolCalls:
-        content, calls = _CallSplitter().feed(model_output)
+        splitter = _CallSplitter()
+        content, calls = splitter.feed(model_output)
+        content += splitter.finish()
         tool_calls = [ToolCall(id=make_tool_call_id(), function=f) for f in calls]
         return ExtractedToolCalls(bool(tool_calls), tool_calls, content or None)
 
@@ -156,7 +210,13 @@ class ErnieX1ToolParser(ToolParser):
             # first call, or the caller restarted: catch up on what came before
             splitter = self._splitter = _CallSplitter()
             self._num_calls = len(splitter.feed(previous_text)[1])
-        content, calls = splitter.feed(delta_text)
+        return self._message(*splitter.feed(delta_text))
+
+    def finish_streaming(self, request: Any = None) -> DeltaMessage | None:
+        splitter, self._splitter = self._splitter, None
+        return None if splitter is None else self._message(splitter.finish(), [])
+
+    def _message(self, content: str, calls: list[FunctionCall]) -> DeltaMessage | None:
         if not content and not calls:
             return None
         deltas = []

@@ -23,17 +23,17 @@ def splits(text: str, seed: int) -> Iterator[list[str]]:
 
 
 def stream_reasoning(parser, deltas: list[str]) -> tuple[str, str, list]:
-    """Feed ``deltas`` to a streaming reasoning parser; returns the joined
-    reasoning, the joined content and the messages."""
-    previous, reasoning, content, messages = "", "", "", []
+    """Feed ``deltas`` to a streaming reasoning parser, then end the output;
+    returns the joined reasoning, the joined content and the messages."""
+    previous, messages = "", []
     for delta in deltas:
         current = previous + delta
-        msg = parser.extract_reasoning_content_streaming(previous, current, delta, [], [], [])
-        if msg is not None:
-            messages.append(msg)
-            reasoning += msg.reasoning_content or ""
-            content += msg.content or ""
+        messages.append(parser.extract_reasoning_content_streaming(previous, current, delta, [], [], []))
         previous = current
+    messages.append(parser.finish_streaming())
+    messages = [m for m in messages if m is not None]
+    reasoning = "".join(m.reasoning_content or "" for m in messages)
+    content = "".join(m.content or "" for m in messages)
     return reasoning, content, messages
 
 

@@ -70,31 +70,43 @@ def test_a_closed_block_that_is_not_a_call_stays_content(bad):
 
 
 def test_truncated_output():
-    # cut inside the JSON (max_tokens): no call, and the half call is dropped
+    # cut inside the JSON (max_tokens): no call, and the half call stays content, as written
     cut = "I will look.\n" + WEATHER[: WEATHER.index("北") + 1]
     result = extract(cut)
-    assert not result.tools_called and result.content == "I will look.\n"
+    assert not result.tools_called and result.content == cut
+    # a <tool_call> followed by prose that never closes: content too
+    prose = "<tool_call>\nI will call get_weather for you"
+    assert extract(prose).content == prose and not extract(prose).tools_called
     # the JSON is complete, only </tool_call> is missing: the call stands
     no_end = extract(WEATHER[: -len("\n</tool_call>")])
     assert calls_of(no_end) == [("get_weather", '{"location": "北京"}')]
     # a complete call followed by a cut one
     both = extract(WEATHER + "\n<tool_call>\n{\"name\": \"get_ti")
-    assert calls_of(both) == [("get_weather", '{"location": "北京"}')] and both.content is None
+    assert calls_of(both) == [("get_weather", '{"location": "北京"}')]
+    assert both.content == "\n<tool_call>\n{\"name\": \"get_ti"
+    # a piece of a tag at the end is text
+    assert extract("x <tool_ca").content == "x <tool_ca"
+    assert extract(WEATHER[:-3]).content is None  # a piece of </tool_call> after a call is the call's
 
 
-def test_whitespace_only_content_is_none():
+def test_whitespace_only_content_is_none_beside_calls():
     assert extract("\n\n" + WEATHER + "\n \n" + WEATHER + "\n").content is None
+    assert extract("\n \n").content == "\n \n" and not extract("\n").tools_called  # no calls: unchanged
 
 
 def stream_tool_calls(deltas: list[str]):
     parser = ToolParserManager.get("ernie-x1")(None)
-    previous, content, calls = "", "", {}
+    previous, content, calls, messages = "", "", {}, []
     for delta in deltas:
         msg = parser.extract_tool_calls_streaming(previous, previous + delta, delta, [], [], [])
         previous += delta
         if msg is None:
             continue
         assert msg.content or msg.tool_calls
+        messages.append(msg)
+    last = parser.finish_streaming()
+    assert last is None or (last.content and not last.tool_calls)
+    for msg in [*messages, *([last] if last else [])]:
         content += msg.content or ""
         for d in msg.tool_calls:
             entry = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})

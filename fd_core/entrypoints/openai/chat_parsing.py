@@ -11,6 +11,13 @@ empty think block: ``enable_thinking=false``) the reasoning parser is left
 out and the whole output is content. Otherwise it sees every delta, before
 and after the reasoning ends (ERNIE X1's parser also shapes the answer).
 
+Both modes give the same message: the deltas ``delta`` returns for an
+output, joined (content, reasoning_content, tool calls by index), equal
+what ``parse`` returns for its whole text, whatever the cuts between
+deltas, provided the last delta says ``finished`` so the parsers release
+what they held back (a partial tag, a ``<tool_call>`` that never became a
+call). Ids of tool calls differ between the modes.
+
 reasoning_tokens counts the output tokens up to and including the end of
 the reasoning part: the shortest prefix for which ``is_reasoning_end`` holds
 (binary search; the end marker does not un-happen), or, streaming, the
@@ -100,6 +107,8 @@ class ChoiceParser:
                     call.setdefault("id", f"call_{uuid.uuid4().hex[:24]}")
                     call.setdefault("type", "function")
                 content = info.content
+            # without calls the content stays as given: a tool parser's content then
+            # equals it (ours does, and its stream sends the same)
         return reasoning or None, content, tool_calls
 
     def _count_reasoning_tokens(self, reasoning: str | None, content: str | None, token_ids: list[int]) -> int:
@@ -120,8 +129,13 @@ class ChoiceParser:
         return lo
 
     # ---- streaming ----------------------------------------------------------------
-    def delta(self, delta_text: str, delta_ids: list[int]) -> dict[str, Any] | None:
-        """The delta message fields for new text, or None when the parsers hold it back."""
+    def delta(self, delta_text: str, delta_ids: list[int], finished: bool = False) -> dict[str, Any] | None:
+        """The delta message fields for new text, or None when the parsers hold it back.
+
+        ``finished`` marks the output's last delta (it may be empty): the
+        parsers then release what they held back, so the deltas of an output,
+        joined, are what ``parse`` gives for its whole text.
+        """
         prev_text, prev_ids = self._text, self._ids
         self._text, self._ids = prev_text + delta_text, prev_ids + list(delta_ids)
         out: dict[str, Any] = {}
@@ -130,30 +144,49 @@ class ChoiceParser:
             # the reasoning parser sees every delta: after the reasoning it still shapes the content
             if not self.reasoning_ended:
                 self.reasoning_tokens += len(delta_ids)
-            msg = self.reasoning.extract_reasoning_content_streaming(
-                prev_text, self._text, delta_text, prev_ids, self._ids, list(delta_ids))
-            content_delta = None
-            if msg is not None:
-                if getattr(msg, "reasoning_content", None):
-                    out["reasoning_content"] = msg.reasoning_content
-                content_delta = getattr(msg, "content", None)
+            msgs = [self.reasoning.extract_reasoning_content_streaming(
+                prev_text, self._text, delta_text, prev_ids, self._ids, list(delta_ids))]
+            if finished:
+                msgs.append(_finish_streaming(self.reasoning))
+            content_delta = ""
+            for msg in msgs:
+                if msg is not None:
+                    _add(out, "reasoning_content", getattr(msg, "reasoning_content", None))
+                    content_delta += getattr(msg, "content", None) or ""
             if content_delta or self.reasoning.is_reasoning_end(self._ids):
                 self.reasoning_ended = True
+        if self.tools is None:
+            _add(out, "content", content_delta)
+            return out or None
+        msgs = []
         if content_delta:
-            if self.tools is None:
-                out["content"] = content_delta
-            else:
-                prev_c, prev_cids = self._content_text, self._content_ids
-                self._content_text = prev_c + content_delta
-                self._content_ids = prev_cids + list(delta_ids)
-                msg = self.tools.extract_tool_calls_streaming(
-                    prev_c, self._content_text, content_delta, prev_cids, self._content_ids,
-                    list(delta_ids), self.request)
-                if msg is not None:
-                    if getattr(msg, "content", None):
-                        out["content"] = msg.content
-                    calls = getattr(msg, "tool_calls", None) or []
-                    if calls:
-                        self.tools_called = True
-                        out["tool_calls"] = [tool_call_dict(c, i) for i, c in enumerate(calls)]
+            prev_c, prev_cids = self._content_text, self._content_ids
+            self._content_text = prev_c + content_delta
+            self._content_ids = prev_cids + list(delta_ids)
+            msgs.append(self.tools.extract_tool_calls_streaming(
+                prev_c, self._content_text, content_delta, prev_cids, self._content_ids,
+                list(delta_ids), self.request))
+        if finished:
+            msgs.append(_finish_streaming(self.tools, self.request))
+        for msg in msgs:
+            if msg is None:
+                continue
+            _add(out, "content", getattr(msg, "content", None))
+            calls = getattr(msg, "tool_calls", None) or []
+            if calls:
+                self.tools_called = True
+                out.setdefault("tool_calls", []).extend(
+                    tool_call_dict(c, i) for i, c in enumerate(calls, len(out.get("tool_calls", []))))
         return out or None
+
+
+def _add(out: dict[str, Any], key: str, text: str | None) -> None:
+    if text:
+        out[key] = out.get(key, "") + text
+
+
+def _finish_streaming(parser: Any, *args: Any) -> Any:
+    """The parser's held-back tail at the end of an output; parsers from plugins
+    written to vLLM's interface have no ``finish_streaming`` and hold nothing."""
+    finish = getattr(parser, "finish_streaming", None)
+    return finish(*args) if callable(finish) else None

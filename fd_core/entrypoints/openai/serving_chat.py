@@ -172,7 +172,7 @@ class OpenAIServingChat(OpenAIServing):
                     text, ids, lps = buf
                     buffers[c.index] = ["", [], []]
                     parser = parsers[c.index]
-                    delta = (parser.delta(text, ids) or {}) if parser.active else ({"content": text} if text else {})
+                    delta = (parser.delta(text, ids, finished=c.finished) or {}) if parser.active else ({"content": text} if text else {})
                     if request.return_token_ids and ids:
                         delta["completion_token_ids"] = ids
                     logprobs = None

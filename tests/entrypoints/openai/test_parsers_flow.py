@@ -93,3 +93,21 @@ async def test_thinking_disabled_makes_everything_content(tokenizer):
 async def test_unknown_parser_name_fails_at_build_time(tokenizer):
     with pytest.raises(ValueError, match="no_such_parser"):
         build_app(ScriptedEngineClient(tokenizer, ["x"]), ServerArgs(reasoning_parser="no_such_parser"))
+
+
+UNCLOSED = ["<tool_call>", "\nI should call", " get_weather for Paris", " but first I will explain", " <"]
+
+
+@pytest.mark.parametrize("pieces", [THINK + UNCLOSED, THINK + CALL[:3], THINK + ["<response>", "\nok <tool"]])
+async def test_streamed_deltas_join_to_the_one_shot_message(tokenizer, pieces):
+    body = (await post(tokenizer, pieces, {"tools": TOOLS})).json()
+    message, finish = body["choices"][0]["message"], body["choices"][0]["finish_reason"]
+    events = sse_events((await post(tokenizer, pieces, {"tools": TOOLS, "stream": True})).text)
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e.get("choices")]
+    assert "".join(d.get("content") or "" for d in deltas) == (message["content"] or "")
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == message["reasoning_content"]
+    streamed = [(c["function"]["name"], c["function"]["arguments"]) for d in deltas for c in d.get("tool_calls", [])]
+    assert streamed == [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+    assert events[-2]["choices"][0]["finish_reason"] == finish
+    if pieces[-1] == " <":
+        assert message["content"] == "".join(UNCLOSED) and finish == "stop"  # issue 14: it vanished when streamed
