@@ -10,7 +10,7 @@ from typing import Any
 
 from fd_core.engine.core import EngineCoreRequest
 from fd_core.engine.output_processor import OutputProcessor
-from fd_core.sampling.params import SamplingParams
+from fd_core.sampling.params import MAX_BAD_WORDS_TOKENS, SamplingParams
 
 __all__ = ["Frontend", "encode_prompt", "tokenize_bad_words"]
 
@@ -31,7 +31,14 @@ def encode_prompt(tokenizer: Any, prompt: str | list[int] | dict[str, Any]) -> t
 
 
 def tokenize_bad_words(tokenizer: Any, words: list[str]) -> list[list[int]]:
-    """Token sequences to ban for each bad word, with and without a leading space."""
+    """Token sequences to ban for each bad word, with and without a leading space.
+    ValueError for words too long to come to at most ``MAX_BAD_WORDS_TOKENS`` tokens,
+    told by their length before any is tokenized."""
+    per_token = getattr(tokenizer, "max_token_bytes", None) or 64
+    chars = sum(map(len, words))
+    if chars > MAX_BAD_WORDS_TOKENS * per_token:
+        raise ValueError(f"bad_words hold {chars} characters, more than {MAX_BAD_WORDS_TOKENS} tokens "
+                         "(the most bad words may come to) can hold")
     out: dict[tuple[int, ...], None] = {}  # ordered and deduplicated in linear time
     for word in words:
         for variant in (word, " " + word.lstrip()):
@@ -70,6 +77,10 @@ class Frontend:
                 "it must be shorter, to leave room for at least one generated token"
             )
         bad_words = tokenize_bad_words(self.tokenizer, list(params.bad_words or []))
+        total = sum(map(len, bad_words)) + sum(map(len, params.bad_words_token_ids or []))
+        if total > MAX_BAD_WORDS_TOKENS:  # the sampler compiles them once per request: bounded work
+            raise ValueError(f"bad_words and bad_words_token_ids come to {total} tokens; at most "
+                             f"{MAX_BAD_WORDS_TOKENS} are allowed")
         child_ids = self.processor.add_request(request_id, text, token_ids, params, arrival_time)
         return [
             EngineCoreRequest(

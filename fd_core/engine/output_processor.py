@@ -39,6 +39,10 @@ class _Sample:
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    longest_stop: int = field(init=False)  # characters in the longest stop string (0: none)
+
+    def __post_init__(self) -> None:
+        self.longest_stop = max(map(len, self.stop), default=0)
 
     def add(self, out: EngineCoreOutput) -> bool:
         """Append new tokens; returns True if a stop string finished it."""
@@ -50,7 +54,7 @@ class _Sample:
         delta = self.detokenizer.add(out.new_token_ids)
         if out.finished:
             delta += self.detokenizer.finish()
-        start = max(0, len(self.text) - max((len(s) for s in self.stop), default=0) + 1)
+        start = max(0, len(self.text) - self.longest_stop + 1)
         self.text += delta
         stopped = False
         if self.stop and delta and len(self.token_ids) >= self.min_tokens:
@@ -69,7 +73,7 @@ class _Sample:
         """Text not handed out yet, holding back a possible stop-string prefix."""
         end = len(self.text)
         if self.finish_reason is None and self.stop:
-            end = max(self.sent_chars, end - (max(len(s) for s in self.stop) - 1))
+            end = max(self.sent_chars, end - (self.longest_stop - 1))
         delta, self.sent_chars = self.text[self.sent_chars : end], end
         return delta
 

@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SamplingParams", "GREEDY_EPS", "MAX_BAD_WORDS", "MAX_STOP", "MAX_LOGPROBS", "MAX_LOGIT_BIAS"]
+__all__ = ["SamplingParams", "GREEDY_EPS", "MAX_BAD_WORDS", "MAX_BAD_WORDS_TOKENS", "MAX_STOP", "MAX_LOGPROBS",
+           "MAX_LOGIT_BIAS"]
 
 # temperature below this is greedy (vLLM's _SAMPLING_EPS): dividing by it
 # would only amplify rounding noise
@@ -23,6 +24,10 @@ MAX_LOGPROBS = 20  # top logprobs per token, as FastDeploy allows
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values
 # bad words per request: each is tokenized on the API's event loop and checked at every step
 MAX_BAD_WORDS = 1024  # also the bound of bad_words_token_ids and stop_token_ids
+# token ids of all bad words of a request together (bad_words_token_ids here; the engine's
+# tokenization of bad_words too): the engine compiles them into a matcher once per request,
+# O(this) time and memory, after which a step costs the same whatever the words
+MAX_BAD_WORDS_TOKENS = 8192
 MAX_STOP = 64  # stop strings per request: each is searched for in the text of every step
 
 
@@ -172,6 +177,10 @@ class SamplingParams:
             if len(getattr(self, name) or ()) > limit:
                 raise ValueError(f"{name} holds {len(getattr(self, name))} entries; at most {limit} are allowed"
                                  + (" (ban single tokens in bulk with logit_bias)" if "bad" in name else ""))
+        total = sum(len(word) for word in self.bad_words_token_ids or ())
+        if total > MAX_BAD_WORDS_TOKENS:
+            raise ValueError(f"bad_words_token_ids hold {total} token ids in all; at most "
+                             f"{MAX_BAD_WORDS_TOKENS} are allowed")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
                      "temp_scaled_logprobs", "top_p_normalized_logprobs"):
             _flag(name, getattr(self, name))

@@ -263,3 +263,14 @@ async def test_one_request_fans_out_to_a_bounded_number_of_sequences(http):
         f"{MAX_SEQUENCES}" in error["message"]
     r = await http.post("/v1/completions", json={"prompt": ["a"] * 3, "n": 2, "best_of": 100, "max_tokens": 1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "best_of"
+
+
+async def test_bad_words_are_bounded_by_their_tokens(http):
+    """Issue 14 #3: the sampler compiles a request's bad words once; their tokens are bounded."""
+    words = [f"word{i} " * 8 for i in range(1000)]  # within the 1024-word limit, ~2 x 16 tokens each
+    r = await http.post(CHAT, json={"messages": USER, "max_tokens": 1, "bad_words": words})
+    assert_error(r, 400, "at most 8192")
+    r = await http.post(CHAT, json={"messages": USER, "max_tokens": 1, "bad_words": ["x" * 10_000_000]})
+    assert r.status_code in (400, 413)
+    r = await http.post(CHAT, json={"messages": USER, "max_tokens": 1, "bad_words": words[:10]})
+    assert r.status_code == 200, r.text
