@@ -4,7 +4,8 @@ Owns ``SamplingParams`` (``params``: validated user input, pure Python, safe
 to import in the API process), the per-request ``SamplingState`` and the
 ``Sampler`` that turns a step's logits into tokens (``sampler``), the logits
 processors (``penalties``: logit_bias, bad words, min_tokens, repetition /
-presence / frequency penalties; ``logits_processors``: the pluggable
+presence / frequency penalties, compiled once per request; ``bad_words``:
+the bad-words matcher; ``logits_processors``: the pluggable
 ``--logits-processors`` switched on by ``logits_processors_args``), the
 thinking budget (``reasoning_budget``), the repetition early stop
 (``early_stop``) and logprobs (``logprobs``). The sampling

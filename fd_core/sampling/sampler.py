@@ -17,9 +17,13 @@ Reproducibility: every request owns a numpy ``Generator`` (seeded from
 ``seed``, or from OS entropy when it has none) in its ``SamplingState``, and
 each token a non-greedy request samples consumes exactly ``NUM_UNIFORMS``
 uniforms from it, whatever the method and however many the op uses. A row's
-token depends only on its own logits, parameters and uniforms, so a seeded
-request samples the same tokens alone or in any batch, at any row, across
-preemption and chunked prefill. Greedy requests draw nothing.
+token depends only on its own logits, parameters and uniforms (on CPU the op
+and the early-stop check compute each row on its own, in float64), so given
+the same logits a seeded request samples the same tokens alone or in any
+batch, at any row, across preemption and chunked prefill. Whether the model
+gives the same logits is the backend's matter: on the CPU backends a row's
+logits can differ in the last bits with the step's row count (see the
+README, "Seeds and batch invariance"). Greedy requests draw nothing.
 """
 
 from __future__ import annotations
@@ -271,15 +275,18 @@ class Sampler:
 
 def _early_stop(config: EarlyStopConfig, logits: Tensor, requests: Sequence[SamplingState],
                 tokens: list[int]) -> list[bool]:
-    """Update each row's run of confident steps; True where it reaches the window."""
-    scale = np.asarray([1.0 if s.params.greedy else s.params.temperature for s in requests],
-                       np.float32)
-    scaled = logits / paddle.to_tensor(scale).unsqueeze(-1)  # [N, V], what the draw sees
-    ids = paddle.to_tensor(np.asarray(tokens, np.int64)).unsqueeze(-1)
-    chosen = paddle.take_along_axis(scaled, ids, axis=-1).squeeze(-1)
-    prob = np.exp((chosen - paddle.logsumexp(scaled, axis=-1)).numpy())  # [N]
+    """Update each row's run of confident steps; True where it reaches the window.
+
+    p(token) is computed row by row in float64 (paddle's ``logsumexp`` over
+    ``[N, V]`` rounds a row differently with the batch size), so the decision
+    is the same at any row of any batch."""
+    rows = as_array(logits) if on_host(logits) else logits.numpy()  # [N, V], what the draw sees
     stopped = []
-    for state, p in zip(requests, prob.tolist()):
+    for state, row, token in zip(requests, rows, tokens):
+        scale = 1.0 if state.params.greedy else float(np.float32(state.params.temperature))
+        z = row.astype(np.float64) / scale
+        top = z.max()
+        p = float(np.exp(z[token] - top) / np.exp(z - top).sum())
         state.confident_steps = state.confident_steps + 1 if p > config.threshold else 0
         stopped.append(state.confident_steps >= config.window_size)
     return stopped
