@@ -19,6 +19,7 @@ from fd_core.backends.base import Backend
 from fd_core.layers.attention import KVCache
 from fd_core.model_loader.loader import load_model
 from fd_core.models.config import load_config
+from fd_core.ops._host import plug_tensor_init_leak
 from fd_core.ops.attention import AttentionMetadata
 
 __all__ = ["ModelRunner", "StepInput"]
@@ -64,6 +65,8 @@ class ModelRunner:
         """Load the model. ``num_blocks``: allocate the KV cache now; None leaves it
         to ``allocate_kv_cache`` (the engine sizes it from the memory the weights
         left). ``quantization``: a ``fd_core.quantization.QuantizationConfig`` or None."""
+        # before any step: every tensor the engine makes from host data would leak otherwise
+        plug_tensor_init_leak()
         self.backend = backend
         self.ops = backend.ops
         backend.set_device(device_id)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from fd_core._paddle import import_paddle
-from fd_core.ops._host import as_array, as_tensor, on_host
+from fd_core.ops._host import as_array, empty_host, on_host
 
 __all__ = ["rope_cos_sin", "reference_rotary_embedding"]
 
@@ -38,9 +38,10 @@ def _rotate(x: Any, cos: Any, sin: Any, interleaved: bool) -> Any:
 
 
 def _rotate_host(x: Any, cos: np.ndarray, sin: np.ndarray, interleaved: bool) -> Any:
-    # _rotate on numpy views: the same products and sums, without paddle's slow CPU broadcasts
+    # _rotate on numpy views: the same products and sums, without paddle's slow CPU broadcasts.
+    # The result is written into a tensor paddle allocated: no numpy buffer is handed to paddle
     xa = as_array(x)
-    out = np.empty(xa.shape, dtype=np.float32)
+    tensor, out = empty_host(xa.shape)
     if interleaved:
         x1, x2 = xa[..., 0::2], xa[..., 1::2]
         lo, hi = out[..., 0::2], out[..., 1::2]
@@ -50,7 +51,7 @@ def _rotate_host(x: Any, cos: np.ndarray, sin: np.ndarray, interleaved: bool) ->
         lo, hi = out[..., :half], out[..., half:]
     np.subtract(x1 * cos, x2 * sin, out=lo)
     np.add(x2 * cos, x1 * sin, out=hi)
-    return as_tensor(out)
+    return tensor
 
 
 def reference_rotary_embedding(
