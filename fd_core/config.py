@@ -18,6 +18,8 @@ from fd_core import envs
 __all__ = ["EngineArgs", "UnsupportedFeatureError", "host_available_bytes", "host_memory", "host_swap_blocks", "kv_cache_blocks"]
 
 GIB = 1 << 30
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # --dtype
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "int8", "fp8")  # --kv-cache-dtype
 SWAP_FRACTION = 0.5  # --swap-space may take at most this share of the host memory available
 # the CPU backends' KV pool takes at most this share of the host memory left after the weights
 # (and at most --gpu-memory-utilization of it): host memory is shared with the API processes,
@@ -72,6 +74,11 @@ class EngineArgs:
     # requests switch them on with logits_processors_args
     logits_processors: list[str] | None = None
     max_logprobs: int = 20  # top logprobs a request may ask for (FastDeploy's --max-logprobs; at most 20)
+    # --dtype: the weights' storage dtype; "auto" is the checkpoint's where the backend computes in it
+    dtype: str = "auto"
+    # --kv-cache-dtype: the KV cache's dtype; "auto" follows the model's compute dtype. FastDeploy's
+    # form, quantization={"kv_cache_quant_type": ...}, sets it too (int8, float8_e4m3fn, block_wise_fp8)
+    kv_cache_dtype: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -151,6 +158,17 @@ class EngineArgs:
                 or not all(isinstance(x, str) and x for x in self.logits_processors)):
             raise ValueError(f"--logits-processors must be a list of class paths (module:Class), "
                              f"got {self.logits_processors!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
+        if self.dtype not in ("auto", "float32"):  # DTYPE_GATE
+            raise UnsupportedFeatureError(f"--dtype {self.dtype}: weights in a 16-bit dtype are not "
+                                          "implemented yet (issue 15); use auto or float32")
+        if self.kv_cache_dtype not in ("auto", "float32"):  # KV_DTYPE_GATE
+            raise UnsupportedFeatureError(f"--kv-cache-dtype {self.kv_cache_dtype}: a KV cache in a dtype "
+                                          "other than float32 is not implemented yet (issue 15); use auto")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.swap_space < 0:

@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--block-size", type=int, default=64)
     a("--tensor-parallel-size", "-tp", "--tp", type=int, default=1)
     a("--quantization", type=_json_or_str, default=None, help="wint8, wint4, ... or FastDeploy's JSON form")
+    a("--dtype", default="auto", help="weights' dtype: auto (the checkpoint's), bfloat16, float16, float32")
+    a("--kv-cache-dtype", default="auto",
+      help="KV cache dtype: auto (the model's), bfloat16, float16, float32, int8, fp8")
     a("--lm_head-fp32", action="store_true", help="keep the LM head in fp32 whatever --quantization says")
     a("--gpu-memory-utilization", type=float, default=0.9)
     a("--num-gpu-blocks-override", type=int, default=None)
@@ -204,6 +207,8 @@ def engine_args_from(ns: argparse.Namespace) -> Any:
         enable_early_stop=ns.enable_early_stop,
         early_stop_config=ns.early_stop_config,
         logits_processors=ns.logits_processors,
+        dtype=ns.dtype,
+        kv_cache_dtype=ns.kv_cache_dtype,
     )
 
 
