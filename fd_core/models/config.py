@@ -1,17 +1,24 @@
 """Model configuration read from a checkpoint's config.json.
 
-One frozen dataclass for the ERNIE 4.5 family (dense and MoE); every key is
-validated and a bad or missing one is named in the error.
+One frozen dataclass for every family; a parser per architecture fills it
+(``config_from_dict``: ERNIE 4.5 dense and MoE, and the default for an
+architecture with no parser of its own; ``qwen3_config_from_dict``: Qwen3).
+Every key is validated and a bad or missing one is named in the error. A
+model plugin brings its own parser with ``register_config_parser`` (from its
+``fd_register_models`` hook); ``load_config`` loads general plugins before
+parsing an architecture that is not built in.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "ModelConfig", "load_config"]
+__all__ = ["ConfigError", "ConfigParser", "ModelConfig", "load_config", "parse_config",
+           "qwen3_config_from_dict", "register_config_parser"]
 
 
 class ConfigError(ValueError):
@@ -156,6 +163,84 @@ def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
     )
 
 
+def _eos_ids(raw: dict[str, Any]) -> tuple[int, ...]:
+    eos = raw.get("eos_token_id")
+    return tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+
+
+def qwen3_config_from_dict(raw: dict[str, Any]) -> ModelConfig:
+    """Validate a Qwen3 (dense) config.json, as HF's ``Qwen3Config`` spells it.
+
+    Qwen3's defaults differ from ERNIE's where a key is absent (untied
+    embeddings, eps 1e-6); what the model does not implement (attention
+    biases, sliding-window layers, a non-SiLU MLP) is refused by key."""
+    archs = raw.get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        raise ConfigError(f"config.json: 'architectures' must be a non-empty list of names, got {archs!r}")
+    hidden = _positive("hidden_size", _get(raw, "hidden_size", int))
+    heads = _positive("num_attention_heads", _get(raw, "num_attention_heads", int))
+    kv_heads = _positive("num_key_value_heads", _get(raw, "num_key_value_heads", int, heads))
+    if heads % kv_heads:
+        raise ConfigError(
+            f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        )
+    if _get(raw, "attention_bias", bool, False):
+        raise ConfigError("config.json: attention_bias=true is not supported for Qwen3 (expected false)")
+    if _get(raw, "use_sliding_window", bool, False):
+        raise ConfigError("config.json: use_sliding_window=true is not supported (every layer attends fully)")
+    layer_types = raw.get("layer_types") or []
+    other = sorted({t for t in layer_types if t != "full_attention"})
+    if other:
+        raise ConfigError(f"config.json: layer_types {other} are not supported (only 'full_attention')")
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"config.json: hidden_act {act!r} is not supported (expected 'silu')")
+    return ModelConfig(
+        architecture=archs[0],
+        model_type=str(raw.get("model_type", "")),
+        vocab_size=_positive("vocab_size", _get(raw, "vocab_size", int)),
+        hidden_size=hidden,
+        num_layers=_positive("num_hidden_layers", _get(raw, "num_hidden_layers", int)),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=_positive("head_dim", _get(raw, "head_dim", int, hidden // heads)),
+        intermediate_size=_positive("intermediate_size", _get(raw, "intermediate_size", int)),
+        max_position_embeddings=_positive(
+            "max_position_embeddings", _get(raw, "max_position_embeddings", int, 32768)
+        ),
+        rms_norm_eps=_get(raw, "rms_norm_eps", float, 1e-6),
+        rope_theta=_rope_theta(raw),
+        tie_word_embeddings=_get(raw, "tie_word_embeddings", bool, False),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=_eos_ids(raw),
+        pad_token_id=raw.get("pad_token_id"),
+        generated="fd_generated" in raw,
+    )
+
+
+ConfigParser = Callable[[dict[str, Any]], ModelConfig]
+# architecture -> parser; an architecture not listed (after plugins load) is parsed as ERNIE 4.5
+_PARSERS: dict[str, ConfigParser] = {"Qwen3ForCausalLM": qwen3_config_from_dict}
+_ERNIE = ("Ernie4_5ForCausalLM", "Ernie4_5_ForCausalLM", "Ernie4_5_MoeForCausalLM")
+
+
+def register_config_parser(architecture: str, parser: ConfigParser) -> None:
+    """Parse config.json of ``architecture`` with ``parser`` (a model plugin
+    calls this from its ``fd_register_models`` hook)."""
+    _PARSERS[architecture] = parser
+
+
+def parse_config(raw: dict[str, Any]) -> ModelConfig:
+    """Validate a config.json dict with its architecture's parser."""
+    archs = raw.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    if arch is not None and arch not in _PARSERS and arch not in _ERNIE:
+        from fd_core.models import registry
+
+        registry.supported()  # loads general plugins once: they may register a parser
+    return _PARSERS.get(arch or "", config_from_dict)(raw)
+
+
 def load_config(model_dir: str | Path) -> ModelConfig:
     """Read and validate ``model_dir/config.json``."""
     path = Path(model_dir) / "config.json"
@@ -167,4 +252,4 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         raise ConfigError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a JSON object, got {type(raw).__name__}")
-    return config_from_dict(raw)
+    return parse_config(raw)

@@ -352,7 +352,9 @@ def fd_register_models(registry: Any) -> None:
     """Add model classes: ``registry.register(architecture_name, cls)``.
 
     Called once when the model registry is first used, for every loaded
-    general plugin (entry-point group ``fd_core.plugins``).
+    general plugin (entry-point group ``fd_core.plugins``). A model whose
+    config.json is not ERNIE-shaped also registers its parser here:
+    ``fd_core.models.config.register_config_parser(architecture_name, parse)``.
     """
 
 
@@ -369,4 +371,19 @@ def fd_register_quantization_methods(registry: Any) -> None:
     """Add quantization methods: ``registry.register(name, method)``.
 
     Called once when the quantization registry is first used.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_load_tokenizer(path: Any, chat_template: Any) -> Any:
+    """Return the tokenizer of the checkpoint directory ``path`` (a ``pathlib.Path``), or None.
+
+    Called by ``fd_core.tokenizer.Tokenizer.from_pretrained`` (in the engine
+    and the API processes) when the directory holds neither
+    ``tokenizer.model`` nor ``tokenizer.json``, for every loaded general
+    plugin; stops at the first non-None result. ``chat_template`` is the
+    ``--chat-template`` override (a path or jinja text) or None. The object
+    must offer what ``fd_core.tokenizer.HFTokenizer`` offers (``encode``,
+    ``decode``, ``token_bytes``, ``added_tokens``, ``apply_chat_template``,
+    ``eos_token_ids``, ...) and must not import paddle.
     """

@@ -77,7 +77,7 @@ _ARCHITECTURES = {  # (model_type, naming) -> architectures, as the real release
 }
 # fmt: on
 _RESIDUAL_GAIN = 10.0  # o_proj / down_proj gain times sqrt(layers): see _source_tensor
-_ST_DTYPES = {"bfloat16": "BF16", "float32": "F32"}
+_ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 
 class TensorSpec(NamedTuple):
@@ -217,12 +217,12 @@ def _build(spec: TensorSpec, source: Callable[[str], np.ndarray]) -> np.ndarray:
 
 
 def _write_array(f: Any, values: np.ndarray, dtype: str, chunk: int = 1 << 22) -> None:
-    """Write `values` as little-endian fp32 or bf16 (round to nearest even), `chunk` elements at a time."""
+    """Write `values` as little-endian fp32, fp16 or bf16 (round to nearest even), `chunk` elements at a time."""
     flat = values.reshape(-1)
     for start in range(0, flat.size, chunk):
         part = flat[start : start + chunk].astype(np.float32, copy=False)
-        if dtype == "float32":
-            f.write(part.astype("<f4", copy=False).tobytes())
+        if dtype in ("float32", "float16"):
+            f.write(part.astype("<f4" if dtype == "float32" else "<f2").tobytes())
             continue
         bits = part.view(np.uint32)
         rounded = (
@@ -232,7 +232,7 @@ def _write_array(f: Any, values: np.ndarray, dtype: str, chunk: int = 1 << 22) -
 
 
 def _nbytes(spec: TensorSpec) -> int:
-    return math.prod(spec.shape) * (2 if spec.dtype == "bfloat16" else 4)
+    return math.prod(spec.shape) * (4 if spec.dtype == "float32" else 2)
 
 
 def _write_safetensors(
@@ -305,8 +305,13 @@ def generate_checkpoint(
     num_hidden_layers=1). With `shards` > 1 the weights go into
     model-0000i-of-0000N.safetensors files plus model.safetensors.index.json.
     """
+    # Qwen3 shapes: their own generator, which builds on this module's writers (hence imported here)
+    from fd_core.testing.qwen3_checkpoint import QWEN3_SHAPES, generate_qwen3_checkpoint
+
+    if shape in QWEN3_SHAPES:
+        return generate_qwen3_checkpoint(path, shape, seed, dtype, naming=naming, shards=shards, **overrides)
     if shape not in SHAPES:
-        raise ValueError(f"unknown checkpoint shape {shape!r}; expected one of {sorted(SHAPES)}")
+        raise ValueError(f"unknown checkpoint shape {shape!r}; expected one of {sorted([*SHAPES, *QWEN3_SHAPES])}")
     if naming not in ("pytorch", "paddle"):
         raise ValueError(f"unknown naming {naming!r}; expected 'pytorch' or 'paddle'")
     if dtype not in _ST_DTYPES:
@@ -371,7 +376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fd_core.testing.checkpoints", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    from fd_core.testing.qwen3_checkpoint import QWEN3_SHAPES
+
+    parser.add_argument("--shape", required=True, choices=sorted(SHAPES) + sorted(QWEN3_SHAPES))
     parser.add_argument("--naming", default="pytorch", choices=["pytorch", "paddle"])
     parser.add_argument("--out", required=True, help="directory to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0)

@@ -47,14 +47,15 @@ SUITE_DIR = Path(__file__).resolve().parent
 _DTYPES = ("float32", "float16", "bfloat16")
 _DEVICE_HOOKS = ("device_info", "device_availability", "device_memory", "device_capabilities",
                  "set_device")
+_GENERAL_HOOKS = ("load_tokenizer",)  # general plugins' firstresult hooks: not kernels
 # Every kernel op of the contract (firstresult hooks other than the device
-# description), without the ``fd_`` prefix, in hookspec order.
+# description and the general plugins' hooks), without the ``fd_`` prefix, in hookspec order.
 KERNEL_OPS = tuple(
     name[3:]
     for name, spec in vars(hookspecs).items()
     if name.startswith("fd_")
     and getattr(spec, hookspecs.PROJECT_NAME + "_spec", {}).get("firstresult")
-    and name[3:] not in _DEVICE_HOOKS
+    and name[3:] not in _DEVICE_HOOKS + _GENERAL_HOOKS
 )
 # Optional fusions of other ops: the reference has no kernel of its own (the
 # ``Ops`` method composes the unfused hooks); a backend's is checked against that.

@@ -1,0 +1,186 @@
+"""Qwen3 (dense): ``Qwen3ForCausalLM``, as HF transformers and FastDeploy define it.
+
+Pre-norm decoder layers: RMSNorm, GQA self-attention whose q and k get a
+per-head RMSNorm over ``head_dim`` before a neox-style (rotate-half) rotary
+embedding, RMSNorm, gated SiLU MLP; a final RMSNorm and an LM head, tied to
+the embeddings when ``tie_word_embeddings``. ``head_dim`` is explicit in the
+config and need not equal ``hidden_size / num_attention_heads``.
+
+Weights are held in Paddle's layout (``[in, out]``, fused ``qkv_proj`` and
+``up_gate_proj``); ``checkpoint_targets`` maps HF's PyTorch names onto them.
+Every step runs through the per-op kernels (no fused-layer hook: that one
+describes ERNIE's layer, which has no q/k norm).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fd_core._paddle import import_paddle
+from fd_core.backends.base import Ops
+from fd_core.layers.attention import KVCache
+from fd_core.layers.basic import Linear, RMSNorm
+from fd_core.layers.mlp import GatedMLP
+from fd_core.layers.param import Param
+from fd_core.models.config import ModelConfig
+from fd_core.models.ernie4_5 import Target
+from fd_core.ops.rope import rope_cos_sin
+
+__all__ = ["Qwen3ForCausalLM"]
+
+paddle = import_paddle()
+
+
+class Qwen3Attention:
+    """``qkv_proj [D, (H + 2 Hkv) Dh]`` (columns ``[q | k | v]``), q/k norms
+    ``[Dh]`` shared by all heads, neox rotary, paged attention, ``o_proj``."""
+
+    def __init__(self, ops: Ops, config: ModelConfig) -> None:
+        c = config
+        self.ops = ops
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.scale = c.head_dim**-0.5
+        self.qkv_proj = Linear(ops, c.hidden_size, self.q_size + 2 * self.kv_size)
+        self.o_proj = Linear(ops, self.q_size, c.hidden_size)
+        self.q_norm = RMSNorm(ops, c.head_dim, c.rms_norm_eps)
+        self.k_norm = RMSNorm(ops, c.head_dim, c.rms_norm_eps)
+
+    def __call__(self, x: Any, cos_sin: Any, meta: Any, cache: KVCache) -> Any:
+        # x: [T, D]
+        ops, tokens, dh = self.ops, x.shape[0], self.head_dim
+        q, k, v = paddle.split(self.qkv_proj(x), [self.q_size, self.kv_size, self.kv_size], axis=-1)
+        # per-head RMSNorm: every head's row of Dh is one row of the norm, [T * H, Dh]
+        q = self.q_norm(q.reshape([-1, dh])).reshape([tokens, self.num_heads, dh])
+        k = self.k_norm(k.reshape([-1, dh])).reshape([tokens, self.num_kv_heads, dh])
+        v = v.reshape([tokens, self.num_kv_heads, dh])
+        q, k = ops.rotary_embedding(q, k, meta.positions, cos_sin, interleaved=False)
+        ops.write_kv_cache(k, v, cache.k, cache.v, meta.slot_mapping)
+        # the batch holds decodes first, then prefill chunks (see AttentionMetadata)
+        nd = meta.num_decodes
+        parts = []
+        if nd:
+            parts.append(ops.decode_attention(q if nd == tokens else q[:nd], cache.k, cache.v, meta, self.scale))
+        if nd < tokens:
+            parts.append(ops.prefill_attention(q[nd:], k[nd:], v[nd:], cache.k, cache.v, meta, self.scale))
+        out = parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)  # [T, H, Dh]
+        return self.o_proj(out.reshape([tokens, self.q_size]))
+
+
+class Qwen3DecoderLayer:
+    def __init__(self, ops: Ops, config: ModelConfig) -> None:
+        c = config
+        self.input_layernorm = RMSNorm(ops, c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Qwen3Attention(ops, c)
+        self.post_attention_layernorm = RMSNorm(ops, c.hidden_size, c.rms_norm_eps)
+        self.mlp = GatedMLP(ops, c.hidden_size, c.intermediate_size)
+
+    def __call__(self, h: Any, residual: Any | None, cos_sin: Any, meta: Any, cache: KVCache) -> tuple[Any, Any]:
+        """``(hidden, residual)`` in and out; ``residual`` is None in the first
+        layer, and each layer's residual add is left to the next norm."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(x, cos_sin, meta, cache)
+        x, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(x), residual
+
+
+class Qwen3ForCausalLM:
+    def __init__(self, config: ModelConfig, ops: Ops, max_position: int | None = None) -> None:
+        c = config
+        self.config = config
+        self.ops = ops
+        self.embed_tokens = Param((c.vocab_size, c.hidden_size))
+        self.layers = [Qwen3DecoderLayer(ops, c) for _ in range(c.num_layers)]
+        self.norm = RMSNorm(ops, c.hidden_size, c.rms_norm_eps)
+        self.lm_head = Linear(ops, c.hidden_size, c.vocab_size)  # [D, V]
+        self.max_position = max_position or c.max_position_embeddings
+        self.cos_sin = rope_cos_sin(c.head_dim, self.max_position, c.rope_theta)  # [P, Dh]
+
+    def forward(self, input_ids: Any, meta: Any, caches: list[KVCache], logits_indices: Any) -> Any:
+        """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]`` (None: every row)."""
+        h = paddle.gather(self.embed_tokens.data, input_ids)  # [T, D]
+        residual = None
+        for layer, cache in zip(self.layers, caches):
+            h, residual = layer(h, residual, self.cos_sin, meta, cache)
+        h, _ = self.norm(h, residual)
+        if logits_indices is not None and logits_indices.shape[0] == 0:
+            return None
+        if logits_indices is not None:
+            h = paddle.gather(h, logits_indices)
+        return self.lm_head(h)
+
+    # ------------------------------------------------------------ loading
+
+    def finish_loading(self) -> None:
+        """Called by the loader after every parameter is filled."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight.set(self.embed_tokens.data.t().contiguous())
+
+    def weight_bytes(self, as_fp32: bool = False) -> int:
+        """Bytes the loaded weights hold (a tied LM head counts its own copy)."""
+        from fd_core.quantization.weights import resident_bytes
+
+        params = list(self.parameters().values())
+        if self.config.tie_word_embeddings:
+            params.append(self.lm_head.weight)
+        if as_fp32:
+            return sum(p.numel * 4 for p in params)
+        return sum(resident_bytes(p.data) for p in params)
+
+    def parameters(self) -> dict[str, Param]:
+        """Every parameter the checkpoint must fill, by a readable name."""
+        params = {"embed_tokens": self.embed_tokens, "norm": self.norm.weight}
+        if not self.config.tie_word_embeddings:
+            params["lm_head"] = self.lm_head.weight
+        for i, layer in enumerate(self.layers):
+            p, attn = f"layers.{i}.", layer.self_attn
+            params[p + "input_layernorm"] = layer.input_layernorm.weight
+            params[p + "post_attention_layernorm"] = layer.post_attention_layernorm.weight
+            params[p + "qkv_proj"] = attn.qkv_proj.weight
+            params[p + "q_norm"] = attn.q_norm.weight
+            params[p + "k_norm"] = attn.k_norm.weight
+            params[p + "o_proj"] = attn.o_proj.weight
+            params[p + "up_gate_proj"] = layer.mlp.up_gate_proj.weight
+            params[p + "down_proj"] = layer.mlp.down_proj.weight
+        return params
+
+    def checkpoint_targets(self, naming: str) -> dict[str, list[Target]]:
+        """HF tensor name -> where it lands. Qwen3 checkpoints use the PyTorch
+        naming (``model.``, linear weights ``[out, in]``), transposed on load."""
+        if naming != "pytorch":
+            raise ValueError(
+                f"a Qwen3 checkpoint must use HF's PyTorch naming (tensors under 'model.'), found {naming!r} naming"
+            )
+        c = self.config
+        out: dict[str, list[Target]] = {}
+
+        def add(name: str, param: Param, shape: tuple[int, ...]) -> None:
+            out.setdefault(name, []).append(Target(param, shape))
+
+        def linear(name: str, param: Param, in_f: int, out_f: int, cols: slice | None = None) -> None:
+            index: tuple[Any, ...] = () if cols is None else (slice(None), cols)
+            out.setdefault(name, []).append(Target(param, (out_f, in_f), index, transpose=True))
+
+        d, inter = c.hidden_size, c.intermediate_size
+        add("model.embed_tokens.weight", self.embed_tokens, (c.vocab_size, d))
+        add("model.norm.weight", self.norm.weight, (d,))
+        if not c.tie_word_embeddings:
+            linear("lm_head.weight", self.lm_head.weight, d, c.vocab_size)
+        for i, layer in enumerate(self.layers):
+            p, attn = f"model.layers.{i}.", layer.self_attn
+            q, kv = attn.q_size, attn.kv_size
+            add(p + "input_layernorm.weight", layer.input_layernorm.weight, (d,))
+            add(p + "post_attention_layernorm.weight", layer.post_attention_layernorm.weight, (d,))
+            for name, cols in (("q", slice(0, q)), ("k", slice(q, q + kv)), ("v", slice(q + kv, q + 2 * kv))):
+                linear(f"{p}self_attn.{name}_proj.weight", attn.qkv_proj.weight, d, cols.stop - cols.start, cols)
+            add(p + "self_attn.q_norm.weight", attn.q_norm.weight, (c.head_dim,))
+            add(p + "self_attn.k_norm.weight", attn.k_norm.weight, (c.head_dim,))
+            linear(p + "self_attn.o_proj.weight", attn.o_proj.weight, q, d)
+            up_gate = layer.mlp.up_gate_proj.weight
+            linear(p + "mlp.gate_proj.weight", up_gate, d, inter, slice(0, inter))
+            linear(p + "mlp.up_proj.weight", up_gate, d, inter, slice(inter, 2 * inter))
+            linear(p + "mlp.down_proj.weight", layer.mlp.down_proj.weight, inter, d)
+        return out
