@@ -250,7 +250,8 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     percentiles = [float(p) for p in str(args.percentiles).split(",") if p.strip()]
     goodput = parse_goodput(args.goodput)
     tokenizer = None
-    if not args.tokenizer and args.model and os.path.isfile(os.path.join(args.model, "tokenizer.model")):
+    if not args.tokenizer and args.model and any(
+            os.path.isfile(os.path.join(args.model, name)) for name in ("tokenizer.model", "tokenizer.json")):
         args.tokenizer = args.model  # --model names a local checkpoint: use its tokenizer, as vLLM does
     if args.tokenizer:
         from fd_core.tokenizer import Tokenizer

@@ -103,9 +103,10 @@ def forced_sequence(text: str, tokenizer: Any) -> tuple[int, ...]:
 def _newline_id(tokenizer: Any) -> int | None:
     for piece in NEWLINE_PIECES:
         i = tokenizer.convert_tokens_to_ids(piece)
-        if tokenizer.convert_ids_to_tokens(i) == piece:  # an unknown piece maps to <unk>
+        if i is not None and tokenizer.convert_ids_to_tokens(i) == piece:  # an unknown piece maps to <unk>
             return int(i)
-    return None
+    ids = tokenizer.encode("\n")  # byte-level BPE spells it "\u010a"
+    return int(ids[0]) if len(ids) == 1 and tokenizer.decode(ids) == "\n" else None
 
 
 @dataclass

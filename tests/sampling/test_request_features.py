@@ -388,3 +388,14 @@ def test_logit_bias_processor_refuses_values_that_would_overflow_or_are_not_numb
     with pytest.raises(ValueError, match=r"logit_bias values must be numbers in \[-1e\+09, 1e\+09\]"):
         processor.validate_args({"logit_bias": {"5": value}})
     processor.validate_args({"logit_bias": {"5": -1e9}})  # a ban stays possible
+
+
+def test_forced_sequence_on_a_byte_level_bpe_tokenizer(tmp_path):
+    """Qwen3's tokenizer.json spells the newline as a byte piece, not "\\n" or "<0x0A>"."""
+    from fd_core.testing.checkpoints import generate_checkpoint
+    from fd_core.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(generate_checkpoint(tmp_path / "q", "tiny-qwen3"))
+    ids = forced_sequence("\n</think>\n\n", tok)
+    assert tok.decode(list(ids)) == "\n</think>\n\n"
+    assert ids.count(tok.encode("\n")[0]) == 3
