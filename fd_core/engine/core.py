@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fd_core.backends import get_backend
@@ -16,7 +16,7 @@ from fd_core.config import EngineArgs, host_available_bytes, host_swap_blocks, k
 from fd_core.engine.config import CacheConfig, SchedulerConfig
 from fd_core.engine.model_runner import ModelRunner, StepInput
 from fd_core.engine.outputs import EngineCoreOutput, Logprob, PositionLogprobs
-from fd_core.engine.request import Request, RequestStatus
+from fd_core.engine.request import EngineCoreRequest, Request, RequestStatus
 from fd_core.engine.request_setup import default_seed, thinking_tokens
 from fd_core.engine.scheduler import Scheduler
 from fd_core.model_loader import resolve_model_path
@@ -29,26 +29,12 @@ from fd_core.sampling.logits_processors import (
     load_logits_processors,
 )
 from fd_core.sampling.logprobs import Logprobs, compute_prompt_logprobs
-from fd_core.sampling.params import SamplingParams
 from fd_core.sampling.sampler import Sampler, SamplingState
 
 __all__ = ["EngineCore", "EngineCoreRequest", "StepStats"]
 
 logger = logging.getLogger(__name__)
 GIB = 1 << 30
-
-
-@dataclass
-class EngineCoreRequest:
-    """A tokenized request as the engine core receives it."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    eos_token_ids: list[int] = field(default_factory=list)
-    bad_words_token_ids: list[list[int]] = field(default_factory=list)
-    arrival_time: float | None = None
-    cache_salt: str | None = None
 
 
 @dataclass

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fd_core.engine.core import EngineCoreRequest
 from fd_core.engine.output_processor import OutputProcessor
+from fd_core.engine.request import EngineCoreRequest
 from fd_core.sampling.params import MAX_BAD_WORDS_TOKENS, SamplingParams
 
 __all__ = ["Frontend", "encode_prompt", "tokenize_bad_words"]

@@ -10,9 +10,27 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["Request", "RequestStatus", "SamplingLike"]
+if TYPE_CHECKING:
+    from fd_core.sampling.params import SamplingParams
+
+__all__ = ["EngineCoreRequest", "Request", "RequestStatus", "SamplingLike"]
+
+
+@dataclass
+class EngineCoreRequest:
+    """A tokenized request as the engine core receives it (built by the
+    frontend in the API process, which must not import the engine core)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: list[int] = field(default_factory=list)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    arrival_time: float | None = None
+    cache_salt: str | None = None
 
 
 class SamplingLike(Protocol):

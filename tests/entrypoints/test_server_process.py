@@ -169,3 +169,24 @@ def test_engine_facts_reach_the_metrics_of_a_real_server(server):
     assert _gauge(text, "fastdeploy:max_batch_size") == 64  # --max-num-seqs, from the engine process
     assert _gauge(text, "fastdeploy:max_gpu_block_num") == 512
     assert 'num_gpu_blocks="512"' in text
+
+
+def test_the_api_process_never_imports_paddle(server):
+    """DESIGN: only the engine process holds paddle (issue 15). Every kind of request first,
+    so a lazy import on some request path would show."""
+    body = {"model": "tiny", "max_tokens": 4, "logprobs": True, "top_logprobs": 2, "seed": 1,
+            "messages": [{"role": "user", "content": "hi"}], "stop": ["zz"], "bad_words": ["x"]}
+    assert httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).status_code == 200
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True, "n": 2},
+                      timeout=60) as r:
+        assert r.status_code == 200 and "[DONE]" in r.read().decode()
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "model": "tiny", "prompt": ["a b", "c"], "max_tokens": 3, "echo": True, "prompt_logprobs": 1,
+        "logprobs": 2, "best_of": 2, "repetition_penalty": 1.2, "logit_bias": {"5": 1.0}})
+    assert r.status_code == 200, r.text
+    assert httpx.post(server.url + "/tokenize", json={"prompt": "a b"}, timeout=10).status_code == 200
+    assert httpx.get(server.url + "/metrics", timeout=10).status_code == 200
+    maps = open(f"/proc/{server.proc.pid}/maps").read()
+    assert "/paddle/" not in maps, [line for line in maps.splitlines() if "/paddle/" in line][:3]
+    engine = open(f"/proc/{server.engine_pid()}/maps").read()
+    assert "/paddle/" in engine  # the check can see paddle where it is
