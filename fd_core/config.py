@@ -163,12 +163,6 @@ class EngineArgs:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")
-        if self.dtype not in ("auto", "float32"):  # DTYPE_GATE
-            raise UnsupportedFeatureError(f"--dtype {self.dtype}: weights in a 16-bit dtype are not "
-                                          "implemented yet (issue 15); use auto or float32")
-        if self.kv_cache_dtype not in ("auto", "float32"):  # KV_DTYPE_GATE
-            raise UnsupportedFeatureError(f"--kv-cache-dtype {self.kv_cache_dtype}: a KV cache in a dtype "
-                                          "other than float32 is not implemented yet (issue 15); use auto")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.swap_space < 0:
@@ -178,9 +172,13 @@ class EngineArgs:
                 f"--tensor-parallel-size {self.tensor_parallel_size}: tensor parallelism is not "
                 "implemented yet (issue 17); use 1"
             )
-        from fd_core.quantization.config import parse_quantization
+        from fd_core.quantization.config import kv_cache_dtype_from_quantization, parse_quantization
 
         parse_quantization(self.quantization, lm_head_fp32=self.lm_head_fp32)  # raises naming an unknown or unimplemented method
+        quant_kv = kv_cache_dtype_from_quantization(self.quantization)
+        if self.kv_cache_dtype != "auto" and quant_kv and quant_kv != self.kv_cache_dtype:
+            raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype} and --quantization kv_cache_quant_type "
+                             f"({quant_kv}) disagree; give one of the two")
         if self.use_cudagraph:
             raise UnsupportedFeatureError("--use-cudagraph: graph capture (CUDA graphs) is not implemented yet "
                                           "(issue 16)")

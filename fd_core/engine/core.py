@@ -21,7 +21,11 @@ from fd_core.engine.request_setup import default_seed, thinking_tokens
 from fd_core.engine.scheduler import Scheduler
 from fd_core.model_loader import resolve_model_path
 from fd_core.models.config import load_config
-from fd_core.quantization.config import check_backend_supports, parse_quantization
+from fd_core.quantization.config import (
+    check_backend_supports,
+    parse_quantization,
+    resolve_kv_cache_dtype,
+)
 from fd_core.sampling.early_stop import EarlyStopConfig
 from fd_core.sampling.logits_processors import (
     LogitsProcessorContext,
@@ -81,13 +85,18 @@ class EngineCore:
         if self.quantization is not None:
             check_backend_supports(self.backend.name, self.backend.capabilities().quantization_methods,
                                    self.quantization, model_config.is_moe)
-        per_block = ModelRunner.kv_bytes_per_block(model_config, args.block_size)
+        kv_dtypes = self.backend.capabilities().kv_cache_dtypes
+        # an explicit KV dtype the backend lacks fails before the model loads
+        resolve_kv_cache_dtype(args.kv_cache_dtype, args.quantization, self.backend.name, kv_dtypes)
         self.backend.set_device(0)
         # load the weights first, then size the KV cache from the memory they left
         self.runner = ModelRunner(
             self.model_dir, self.backend, block_size=args.block_size, max_model_len=args.max_model_len,
-            quantization=self.quantization,
+            quantization=self.quantization, dtype=args.dtype,
         )
+        kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, args.quantization, self.backend.name, kv_dtypes,
+                                          self.runner.dtype)
+        per_block = ModelRunner.kv_bytes_per_block(model_config, args.block_size, kv_dtype)
         memory = self.backend.memory(0)
         num_blocks = kv_cache_blocks(args, per_block, self.backend.info.device_type,
                                      memory.total_bytes, memory.free_bytes)
@@ -99,7 +108,7 @@ class EngineCore:
             logger.info("--swap-space %g has no effect with prefix caching off (--no-enable-prefix-caching)",
                         args.swap_space)
             num_host_blocks = 0
-        self.runner.allocate_kv_cache(num_blocks, num_host_blocks)
+        self.runner.allocate_kv_cache(num_blocks, num_host_blocks, kv_dtype)
         self.cache_config = CacheConfig(
             num_blocks=num_blocks, block_size=args.block_size, num_host_blocks=num_host_blocks,
             enable_prefix_caching=args.enable_prefix_caching,
@@ -121,8 +130,9 @@ class EngineCore:
         self._pending: list[EngineCoreOutput] = []  # outputs produced outside a step (aborts)
         self.last_step = StepStats()
         logger.info(
-            "engine ready: backend %s, %d KV blocks of %d tokens (%.2f GiB), %d host blocks",
-            self.backend.name, num_blocks, args.block_size, num_blocks * per_block / GIB, num_host_blocks,
+            "engine ready: backend %s, %d KV blocks of %d tokens (%d tokens, %s, %.2f GiB), %d host blocks",
+            self.backend.name, num_blocks, args.block_size, num_blocks * args.block_size, kv_dtype,
+            num_blocks * per_block / GIB, num_host_blocks,
         )
 
     # ---------------------------------------------------------- requests

@@ -17,10 +17,13 @@ import numpy as np
 from fd_core._paddle import import_paddle
 from fd_core.backends.base import Backend
 from fd_core.layers.attention import KVCache
-from fd_core.model_loader.loader import load_model
+from fd_core.model_loader.dtypes import checkpoint_dtype, resolve_weight_dtype
+from fd_core.model_loader.loader import load_model, supported_weight_dtypes
+from fd_core.models import registry
 from fd_core.models.config import load_config
 from fd_core.ops._host import plug_tensor_init_leak
 from fd_core.ops.attention import AttentionMetadata
+from fd_core.ops.kv_dtype import KV_DTYPES, bytes_per_token_head
 
 __all__ = ["ModelRunner", "StepInput"]
 
@@ -61,10 +64,19 @@ class ModelRunner:
         device_id: int = 0,
         num_host_blocks: int = 0,
         quantization: Any = None,
+        dtype: str = "auto",
+        kv_cache_dtype: str = "float32",
     ) -> None:
         """Load the model. ``num_blocks``: allocate the KV cache now; None leaves it
         to ``allocate_kv_cache`` (the engine sizes it from the memory the weights
-        left). ``quantization``: a ``fd_core.quantization.QuantizationConfig`` or None."""
+        left). ``quantization``: a ``fd_core.quantization.QuantizationConfig`` or None.
+        ``dtype``: ``--dtype`` (auto, float32, float16, bfloat16), resolved by
+        ``fd_core.model_loader.dtypes.resolve_weight_dtype`` into ``self.dtype``.
+        ``kv_cache_dtype``: the KV pool's dtype, resolved (no "auto"): one of
+        ``fd_core.ops.kv_dtype.KV_DTYPES``."""
+        if kv_cache_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_cache_dtype!r}")
+        self.kv_cache_dtype = kv_cache_dtype
         # before any step: every tensor the engine makes from host data would leak otherwise
         plug_tensor_init_leak()
         self.backend = backend
@@ -78,7 +90,12 @@ class ModelRunner:
                 f"max_position_embeddings {self.config.max_position_embeddings}"
             )
         self.block_size = block_size
-        self.model = load_model(model_dir, self.ops, self.max_model_len, self.config, quantization)
+        stored = checkpoint_dtype(model_dir)
+        self.dtype = resolve_weight_dtype(dtype, stored, backend.capabilities().bf16, backend.name)
+        if dtype == "auto" and self.dtype not in supported_weight_dtypes(registry.resolve(self.config.architecture)):
+            self.dtype = "float32"  # a model that declares no 16-bit forward
+        logger.info("weights: --dtype %s -> %s (checkpoint %s, backend %s)", dtype, self.dtype, stored, backend.name)
+        self.model = load_model(model_dir, self.ops, self.max_model_len, self.config, quantization, self.dtype)
         # bytes the loaded weights hold (quantized: codes + scales), for benchmarks and logs
         self.weight_bytes: int = self.model.weight_bytes() if hasattr(self.model, "weight_bytes") else 0
         self.num_blocks = 0
@@ -87,18 +104,25 @@ class ModelRunner:
         if num_blocks is not None:
             self.allocate_kv_cache(num_blocks, num_host_blocks)
 
-    def allocate_kv_cache(self, num_blocks: int, num_host_blocks: int = 0) -> None:
+    def allocate_kv_cache(self, num_blocks: int, num_host_blocks: int = 0, kv_cache_dtype: str | None = None) -> None:
         """The paged KV cache (one K and one V pool per layer, block 0 the null
-        block) and, with ``num_host_blocks``, its host (swap) tier."""
+        block) and, with ``num_host_blocks``, its host (swap) tier, in
+        ``kv_cache_dtype`` (None: the one given at construction)."""
+        if kv_cache_dtype is not None:
+            if kv_cache_dtype not in KV_DTYPES:
+                raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_cache_dtype!r}")
+            self.kv_cache_dtype = kv_cache_dtype
         c = self.config
         self.num_blocks = num_blocks
+        dtype = self.kv_cache_dtype
         self.kv_caches = [
-            KVCache(*self.ops.allocate_kv_cache(num_blocks, self.block_size, c.num_kv_heads, c.head_dim, "float32"))
+            KVCache(*self.ops.allocate_kv_cache(num_blocks, self.block_size, c.num_kv_heads, c.head_dim, dtype),
+                    dtype)
             for _ in range(c.num_layers)
         ]
         self.host_caches = [
             KVCache(*self.ops.allocate_kv_cache(
-                num_host_blocks, self.block_size, c.num_kv_heads, c.head_dim, "float32", location="host"))
+                num_host_blocks, self.block_size, c.num_kv_heads, c.head_dim, dtype, location="host"), dtype)
             for _ in range(c.num_layers)
         ] if num_host_blocks else []
 
@@ -123,9 +147,13 @@ class ModelRunner:
                 self.ops.copy_kv_blocks(src.v, dst.v, src_ids, dst_ids, self.block_size)
 
     @staticmethod
-    def kv_bytes_per_block(config: Any, block_size: int, dtype_bytes: int = 4) -> int:
-        """Bytes one KV block takes across all layers (K and V)."""
-        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * dtype_bytes
+    def kv_bytes_per_block(config: Any, block_size: int, kv_cache_dtype: str = "float32") -> int:
+        """Bytes one KV block takes across all layers (K and V), in the
+        reference layout of ``kv_cache_dtype``: int8 / fp8 count their fp32
+        scale per token and KV head (head_dim 128: 132 bytes against fp32's
+        512, 3.88x the blocks; head_dim 16: 20 against 64, 3.2x)."""
+        per_head = bytes_per_token_head(kv_cache_dtype, config.head_dim)
+        return 2 * config.num_layers * block_size * config.num_kv_heads * per_head
 
     def execute(self, step: StepInput) -> Any:
         """Run the step; returns logits ``[N, V]`` (fp32 paddle tensor), in

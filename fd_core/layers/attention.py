@@ -12,11 +12,20 @@ __all__ = ["Attention", "KVCache"]
 
 
 class KVCache:
-    """One layer's K and V cache, in the backend's own layout."""
+    """One layer's K and V cache, in the backend's own layout, and its KV
+    dtype (``--kv-cache-dtype`` resolved: float32, bfloat16, float16, int8, fp8)."""
 
-    def __init__(self, k: Any, v: Any) -> None:
+    def __init__(self, k: Any, v: Any, dtype: str = "float32") -> None:
         self.k = k
         self.v = v
+        self.dtype = dtype
+
+    @property
+    def scales(self) -> tuple[Any, Any] | None:
+        """The K and V scales ``[S, Hkv]`` fp32 of an 8-bit reference pool
+        (``fd_core.ops.kv_storage.QuantizedKV``); None for a float pool."""
+        k_scales, v_scales = getattr(self.k, "scales", None), getattr(self.v, "scales", None)
+        return None if k_scales is None else (k_scales, v_scales)
 
 
 class Attention:

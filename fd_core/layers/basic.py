@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from fd_core._paddle import import_paddle
 from fd_core.backends.base import Ops
 from fd_core.layers.param import Param
 from fd_core.ops.linear import QuantizedWeight
 
-__all__ = ["Linear", "RMSNorm"]
+__all__ = ["Linear", "RMSNorm", "embed"]
+
+paddle = import_paddle()
 
 
 class Linear:
@@ -38,6 +41,17 @@ class Linear:
         if quant is not None:
             return self.ops.linear(x, None, None, quant)
         return self.ops.linear(x, self.weight.data, None, None)
+
+
+def embed(table: Any, input_ids: Any) -> Any:
+    """Rows ``input_ids [T]`` of ``table [V, D]`` as fp32 ``[T, D]``: with 16-bit
+    weights the activations stay fp32 (paddle's CPU gather has no fp16 kernel;
+    its embedding has)."""
+    if table.dtype == paddle.float16:
+        rows = paddle.nn.functional.embedding(input_ids, table)
+    else:
+        rows = paddle.gather(table, input_ids)
+    return rows if rows.dtype == paddle.float32 else rows.astype("float32")
 
 
 class RMSNorm:

@@ -35,8 +35,9 @@ class MoE:
         self.ops = ops
         self.top_k = top_k
         self.norm_min = norm_min
-        self.gate = Param((hidden_size, num_experts))  # router, fp32, [D, E]
-        self.correction_bias = Param((num_experts,)) if use_correction_bias else None
+        # router [D, E] and its bias: fp32 whatever --dtype (top-k is precision sensitive; HF keeps it fp32)
+        self.gate = Param((hidden_size, num_experts), pinned=True)
+        self.correction_bias = Param((num_experts,), pinned=True) if use_correction_bias else None
         self.up_gate_proj = Param((num_experts, hidden_size, 2 * intermediate_size))
         self.down_proj = Param((num_experts, intermediate_size, hidden_size))
         self.shared_experts = (

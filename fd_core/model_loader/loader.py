@@ -1,7 +1,9 @@
 """Loading a checkpoint into a model, tensor by tensor.
 
-Each checkpoint tensor is read from its memory-mapped file, upcast to fp32,
-transposed/sliced into its parameter's host buffer, and a parameter moves to
+Each checkpoint tensor is read from its memory-mapped file, cast to its
+parameter's storage dtype (``--dtype``; a bf16 tensor into a bf16 parameter
+is copied bit for bit), transposed/sliced into the parameter's host buffer,
+and a parameter moves to
 a paddle tensor as soon as it is complete, so peak host memory stays near
 the model's size. With quantization the model first swaps its quantizable
 weights for ``QuantizedParam``s, which quantize each matrix the moment it is
@@ -21,12 +23,14 @@ from typing import Any
 import numpy as np
 
 from fd_core.config import UnsupportedFeatureError
+from fd_core.layers.param import cast_host
+from fd_core.model_loader.dtypes import WEIGHT_DTYPES
 from fd_core.model_loader.safetensors_io import SafetensorsError, SafetensorsFile
 from fd_core.models import registry
 from fd_core.models.config import ModelConfig, load_config
 from fd_core.ops.linear import QuantizedWeight
 
-__all__ = ["CheckpointError", "checkpoint_files", "load_model"]
+__all__ = ["CheckpointError", "checkpoint_files", "load_model", "supported_weight_dtypes"]
 
 logger = logging.getLogger(__name__)
 GIB = 1 << 30
@@ -69,19 +73,50 @@ def _detect_naming(names: list[str]) -> str:
     )
 
 
-def _place(target: Any, name: str, array: np.ndarray) -> None:
+def _place(target: Any, name: str, array: np.ndarray, src_dtype: str) -> None:
+    """``array`` (host form of ``src_dtype``) into its target, cast to the
+    parameter's storage dtype (a quantized parameter's is fp32)."""
     if tuple(array.shape) != target.source_shape:
         raise CheckpointError(
             f"tensor {name!r} has shape {list(array.shape)}, but the config implies "
             f"{list(target.source_shape)}"
         )
+    dst = target.param.dtype
+    value = cast_host(array, src_dtype, dst)
+    if dst == "float16" and src_dtype != "float16" and not np.isfinite(value).all() \
+            and np.isfinite(cast_host(array, src_dtype, "float32")).all():
+        raise CheckpointError(
+            f"tensor {name!r} has values beyond float16's range (|x| > 65504); load it with "
+            "--dtype bfloat16 or float32"
+        )
     if target.transpose:
-        array = np.swapaxes(array, -1, -2)
-    target.param.fill(np.asarray(array, dtype=np.float32), target.index)
+        value = np.swapaxes(value, -1, -2)
+    target.param.fill(value, target.index)
+
+
+def supported_weight_dtypes(model_cls: Any) -> tuple[str, ...]:
+    """The storage dtypes a model class declares (``weight_dtypes``); float32 when it declares none."""
+    return tuple(getattr(model_cls, "weight_dtypes", ("float32",)))
+
+
+def _use_dtype(model: Any, dtype: str) -> None:
+    """Store every float parameter in ``dtype``, but pinned ones (fp32 by
+    design) and quantized ones (filled in fp32, stored as codes)."""
+    for param in model.parameters().values():
+        if not param.pinned and getattr(param, "method", None) is None:
+            param.dtype = dtype
 
 
 def _size(num_bytes: int) -> str:
     return f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB else f"{num_bytes / (1 << 20):.1f} MiB"
+
+
+def _describe_bytes(model: Any) -> str:
+    """``"1.23 GiB (bfloat16 1.20 GiB, float32 30.0 MiB)"``: resident bytes by storage dtype."""
+    by_dtype = model.weight_bytes_by_dtype() if hasattr(model, "weight_bytes_by_dtype") else {}
+    total = sum(by_dtype.values())
+    parts = ", ".join(f"{k} {_size(v)}" for k, v in sorted(by_dtype.items(), key=lambda kv: -kv[1]))
+    return f"{_size(total)} ({parts})" if parts else "(bytes not reported by the model)"
 
 
 def _log_quantized(model: Any, quantization: Any) -> None:
@@ -103,14 +138,21 @@ def _log_quantized(model: Any, quantization: Any) -> None:
 
 
 def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
-               config: ModelConfig | None = None, quantization: Any = None) -> Any:
+               config: ModelConfig | None = None, quantization: Any = None, dtype: str = "float32") -> Any:
     """Build the model named by ``model_dir/config.json`` and load its weights,
     quantized as ``quantization`` (a ``fd_core.quantization.QuantizationConfig``
-    or None) says."""
+    or None) says, the others stored in ``dtype`` (float32, float16 or
+    bfloat16; ``fd_core.model_loader.dtypes`` resolves ``--dtype auto``)."""
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"weight dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {dtype!r}")
     start = time.perf_counter()
     model_dir = Path(model_dir)
     config = config or load_config(model_dir)
     model_cls = registry.resolve(config.architecture)
+    if dtype not in supported_weight_dtypes(model_cls):
+        raise UnsupportedFeatureError(
+            f"--dtype {dtype}: {config.architecture} takes weights in "
+            f"{', '.join(supported_weight_dtypes(model_cls))} only; use --dtype float32 (or auto)")
     model = model_cls(config, ops, max_position)
     if quantization is not None:
         if not hasattr(model, "quantize_on_load"):
@@ -120,6 +162,7 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
             )
         quantization = quantization.for_architecture(config.architecture)
         model.quantize_on_load(quantization)
+    _use_dtype(model, dtype)
     files = checkpoint_files(model_dir)
     readers = []
     try:
@@ -140,9 +183,10 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
             if name in seen:
                 raise CheckpointError(f"tensor {name!r} appears in more than one shard")
             seen.add(name)
-            array = reader.get(name)
+            # the raw view (no copy); integer tensors pass through cast_host as numbers
+            array, src = reader.get_raw(name), reader.float_dtype(name) or reader.dtype(name)
             for target in targets[name]:
-                _place(target, name, array)
+                _place(target, name, array, src)
                 if target.param.complete and target.param.data is None:
                     target.param.finish()
         reader.close()
@@ -163,8 +207,8 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
         if param.data is None:
             raise CheckpointError(f"parameter {name} was only partly filled by the checkpoint")
     model.finish_loading()
-    logger.info("loaded %s (%s naming, %d tensors) in %.1f s", model_dir, naming, len(seen),
-                time.perf_counter() - start)
+    logger.info("loaded %s (%s naming, %d tensors) in %.1f s; weights %s", model_dir, naming, len(seen),
+                time.perf_counter() - start, _describe_bytes(model))
     if quantization is not None:
         _log_quantized(model, quantization)
     return model

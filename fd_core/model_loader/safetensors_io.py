@@ -4,7 +4,7 @@ The format is an 8-byte little-endian header length, a JSON header of
 ``name -> {dtype, shape, data_offsets}``, then the raw data. Reading through
 ``np.memmap`` touches only the bytes of the tensor asked for, so loading
 holds one tensor at a time, and bf16 (which numpy lacks) is widened to fp32
-by shifting its bits.
+by shifting its bits (``get``), or kept as its bits for bf16 storage (``get_raw``).
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SafetensorsFile", "SafetensorsError"]
+__all__ = ["FLOAT_NAMES", "SafetensorsFile", "SafetensorsError"]
 
 _DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
     "BOOL": np.bool_,
 }
+FLOAT_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}  # safetensors -> paddle dtype
 
 
 class SafetensorsError(ValueError):
@@ -51,8 +52,22 @@ class SafetensorsFile:
     def dtype(self, name: str) -> str:
         return str(self.header[name]["dtype"])
 
+    def float_dtype(self, name: str) -> str | None:
+        """``float32`` / ``float16`` / ``bfloat16`` for a tensor stored so, else None."""
+        return FLOAT_NAMES.get(self.dtype(name))
+
     def get(self, name: str) -> np.ndarray:
         """The tensor as a numpy array: fp32 for bf16/fp16, else its own dtype."""
+        array = self.get_raw(name)
+        if self.dtype(name) == "BF16":
+            return (array.astype(np.uint32) << 16).view(np.float32)
+        if self.dtype(name) == "F16":
+            return array.astype(np.float32)
+        return array
+
+    def get_raw(self, name: str) -> np.ndarray:
+        """The tensor as stored, without a copy (a read-only view of the
+        mapping): bf16 as its bits in uint16."""
         entry = self.header[name]
         dtype = entry["dtype"]
         if dtype not in _DTYPES:
@@ -61,12 +76,7 @@ class SafetensorsFile:
             self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
         start, end = entry["data_offsets"]
         raw = self._mmap[self._data_start + start : self._data_start + end]
-        array = raw.view(_DTYPES[dtype]).reshape(entry["shape"])
-        if dtype == "BF16":
-            return (array.astype(np.uint32) << 16).view(np.float32)
-        if dtype == "F16":
-            return array.astype(np.float32)
-        return np.asarray(array)
+        return np.asarray(raw.view(_DTYPES[dtype]).reshape(entry["shape"]))
 
     def close(self) -> None:
         self._mmap = None

@@ -19,12 +19,13 @@ from typing import Any
 from fd_core._paddle import import_paddle
 from fd_core.backends.base import Ops
 from fd_core.layers.attention import Attention, KVCache
-from fd_core.layers.basic import Linear, RMSNorm
+from fd_core.layers.basic import Linear, RMSNorm, embed
 from fd_core.layers.mlp import GatedMLP, MoE
 from fd_core.layers.param import Param
 from fd_core.models.config import ModelConfig
 from fd_core.ops._host import as_array, on_host
 from fd_core.ops.decoder import DecoderLayerWeights
+from fd_core.ops.linear import QuantizedWeight
 from fd_core.ops.rope import rope_cos_sin
 
 __all__ = ["Ernie4_5ForCausalLM", "Target"]
@@ -102,6 +103,9 @@ class DecoderLayer:
 class Ernie4_5ForCausalLM:
     """Dense and MoE ERNIE 4.5 (the MoE layers follow the config)."""
 
+    # storage dtypes its forward takes (16-bit: activations stay fp32, see layers.basic.embed)
+    weight_dtypes = ("float32", "bfloat16", "float16")
+
     def __init__(self, config: ModelConfig, ops: Ops, max_position: int | None = None) -> None:
         self.config = config
         self.ops = ops
@@ -147,18 +151,33 @@ class Ernie4_5ForCausalLM:
             for name, linear in dense.items():
                 linear.use_quantization(quantization.dense_method, quantization.group_size, p + name)
 
-    def weight_bytes(self, as_fp32: bool = False) -> int:
-        """Bytes the loaded weights hold (quantized ones: codes plus scales; a
-        tied LM head counts its own copy); ``as_fp32``: what they would hold
-        unquantized in fp32."""
-        from fd_core.quantization.weights import resident_bytes
-
+    def _resident_params(self) -> list[Param]:
         params = list(self.parameters().values())
         if self.config.tie_word_embeddings:
-            params.append(self.lm_head.weight)
+            params.append(self.lm_head.weight)  # its own copy, [D, V]
+        return params
+
+    def weight_bytes(self, as_fp32: bool = False) -> int:
+        """Bytes the loaded weights hold in their storage dtype (quantized
+        ones: codes plus scales; a tied LM head counts its own copy);
+        ``as_fp32``: what they would hold unquantized in fp32."""
         if as_fp32:
-            return sum(p.numel * 4 for p in params)
-        return sum(resident_bytes(p.data) for p in params)
+            return sum(p.numel * 4 for p in self._resident_params())
+        return sum(self.weight_bytes_by_dtype().values())
+
+    def weight_bytes_by_dtype(self) -> dict[str, int]:
+        """Resident bytes by storage: ``{"bfloat16": ..., "float32": ...}``,
+        quantized weights under their method (``"wint8"``: codes + scales)."""
+        from fd_core.quantization.weights import resident_bytes
+
+        out: dict[str, int] = {}
+        for p in self._resident_params():
+            data = p.data
+            if data is None:
+                continue
+            key = data.method if isinstance(data, QuantizedWeight) else str(data.dtype).replace("paddle.", "")
+            out[key] = out.get(key, 0) + resident_bytes(data)
+        return out
 
     def finish_loading(self) -> None:
         """Called by the loader after every parameter is filled."""
@@ -167,6 +186,8 @@ class Ernie4_5ForCausalLM:
         if self.lm_head.quant is None and hasattr(self.lm_head.weight, "method"):
             # quantized head: the table [V, D] is already [out, in]; no fp32 copy
             embed = self.embed_tokens.data
+            if embed.dtype != paddle.float32:  # 16-bit table: the quantizer takes fp32 (numpy has no bf16)
+                embed = embed.astype("float32")
             table = as_array(embed) if on_host(embed) else embed.numpy()
             self.lm_head.weight.set(table.T)
         else:
@@ -174,7 +195,7 @@ class Ernie4_5ForCausalLM:
 
     def forward(self, input_ids: Any, meta: Any, caches: list[KVCache], logits_indices: Any) -> Any:
         """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]`` (None: every row)."""
-        h = paddle.gather(self.embed_tokens.data, input_ids)  # [T, D]
+        h = embed(self.embed_tokens.data, input_ids)  # [T, D] fp32
         residual = None
         for start, end in self._runs:
             if end - start == 1:

@@ -6,7 +6,12 @@ metadata is built once per step on the host and shared by every layer;
 kernels may keep derived per-step tensors in ``metadata.workspace``.
 
 Reference cache layout: ``[num_blocks * block_size, Hkv, Dh]`` per layer, so
-slot ``block_id * block_size + offset`` is one row.
+slot ``block_id * block_size + offset`` is one row. The pool's dtype is the
+``--kv-cache-dtype`` (float32, bfloat16, float16, or int8 / fp8 codes with
+one fp32 scale per slot and KV head: ``fd_core.ops.kv_dtype`` states the
+layout and numerics, ``fd_core.ops.kv_storage`` stores and reads it). Writes
+round or quantize to the pool's dtype; attention dequantizes the blocks it
+reads and computes in fp32. An fp32 pool takes the direct paths below.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 
 from fd_core._paddle import import_paddle
 from fd_core.ops._host import as_array, as_tensor, on_host
+from fd_core.ops.kv_storage import allocate_pool, copy_rows, store_rows, take_blocks
 
 __all__ = [
     "AttentionMetadata",
@@ -100,38 +106,50 @@ def reference_allocate_kv_cache(
     num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str = "float32",
     location: str = "device",
 ) -> tuple[Any, Any]:
-    """Zeroed K and V caches ``[num_blocks * block_size, Hkv, Dh]``; the host
-    tier lives in CPU memory whatever the current device is."""
-    shape = [num_blocks * block_size, num_kv_heads, head_dim]
-    if location == "host":
-        place = paddle.CPUPlace()  # numpy has no bf16: build fp32 on host, cast there
-        return tuple(  # type: ignore[return-value]
-            paddle.to_tensor(np.zeros(shape, dtype=np.float32), place=place).astype(dtype)
-            for _ in range(2)
-        )
-    return paddle.zeros(shape, dtype=dtype), paddle.zeros(shape, dtype=dtype)
+    """Zeroed K and V pools ``[num_blocks * block_size, Hkv, Dh]`` of KV dtype
+    ``dtype`` (``fd_core.ops.kv_dtype.KV_DTYPES``); the host tier lives in CPU
+    memory whatever the current device is."""
+    if location not in ("device", "host"):
+        raise ValueError(f"location must be 'device' or 'host', got {location!r}")
+    rows = num_blocks * block_size
+    host = location == "host"
+    return (allocate_pool(rows, num_kv_heads, head_dim, dtype, host),
+            allocate_pool(rows, num_kv_heads, head_dim, dtype, host))
 
 
 def reference_copy_kv_blocks(
     src_cache: Any, dst_cache: Any, src_blocks: list[int], dst_blocks: list[int], block_size: int
 ) -> bool:
-    """Copy whole blocks between two caches of the reference layout."""
+    """Copy whole blocks between two caches of the reference layout (and dtype;
+    an 8-bit pool's scales move with their codes)."""
     if not src_blocks:
         return True
     offsets = np.arange(block_size, dtype=np.int64)
     src = (np.asarray(src_blocks, dtype=np.int64)[:, None] * block_size + offsets).reshape(-1)
     dst = (np.asarray(dst_blocks, dtype=np.int64)[:, None] * block_size + offsets).reshape(-1)
+    if not _is_fp32(src_cache) or not _is_fp32(dst_cache):
+        copy_rows(src_cache, dst_cache, src, dst)
+        return True
     rows = paddle.gather(src_cache, paddle.to_tensor(src, place=src_cache.place))
     rows = rows.to(dst_cache.place) if rows.place != dst_cache.place else rows
     paddle.scatter_(dst_cache, paddle.to_tensor(dst, place=dst_cache.place), rows, overwrite=True)
     return True
 
 
+def _is_fp32(cache: Any) -> bool:
+    return isinstance(cache, paddle.Tensor) and cache.dtype == paddle.float32
+
+
 def reference_write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any) -> bool:
-    """Scatter ``k, v [T, Hkv, Dh]`` into the cache rows ``slot_mapping [T]``."""
+    """Scatter ``k, v [T, Hkv, Dh]`` into the cache rows ``slot_mapping [T]``,
+    rounded or quantized to the cache's dtype."""
     keep = slot_mapping >= 0
     if not bool(keep.all()):
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    if not _is_fp32(k_cache):
+        store_rows(k, k_cache, slot_mapping)
+        store_rows(v, v_cache, slot_mapping)
+        return True
     paddle.scatter_(k_cache, slot_mapping, k.astype(k_cache.dtype), overwrite=True)
     paddle.scatter_(v_cache, slot_mapping, v.astype(v_cache.dtype), overwrite=True)
     return True
@@ -204,7 +222,10 @@ def _take_blocks(cache: Any, plan: _Gather, block_size: int) -> Any:
     """Blocks ``plan.blocks`` of ``cache [S, Hkv, Dh]`` as ``[Hkv, n, block_size, Dh]``.
 
     A plain copy; on CPU it goes through numpy (zero-copy via DLPack), whose
-    strided copy is several times faster than paddle's CPU gather."""
+    strided copy is several times faster than paddle's CPU gather. Other
+    dtypes come back dequantized to fp32."""
+    if not _is_fp32(cache):
+        return take_blocks(cache, plan.blocks, plan.blocks_tensor, block_size)
     rows, num_kv, head_dim = cache.shape
     if on_host(cache):
         table = as_array(cache).reshape(rows // block_size, block_size, num_kv, head_dim)
@@ -222,7 +243,10 @@ def _permute(x: Any, perm: list[int]) -> Any:
 
 def _paged_attention(q: Any, k_cache: Any, v_cache: Any, plan: _Gather, scale: float,
                      block_size: int) -> Any:
-    # q: [Tq, H, Dh]; cache: [S, Hkv, Dh]
+    # q: [Tq, H, Dh]; cache: [S, Hkv, Dh]; the math is fp32 whatever q's and the cache's dtypes
+    out_dtype = q.dtype
+    if out_dtype != paddle.float32:
+        q = q.astype("float32")
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv = k_cache.shape[1]
     group = num_heads // num_kv
@@ -239,7 +263,8 @@ def _paged_attention(q: Any, k_cache: Any, v_cache: Any, plan: _Gather, scale: f
     probs = paddle.nn.functional.softmax(scores, axis=-1).reshape([num_kv, b, group * qmax, length])
     out = paddle.matmul(probs, values).reshape([num_kv, b, group, qmax, head_dim])
     out = _permute(out, [1, 3, 0, 2, 4]).reshape([b * qmax, num_heads, head_dim])
-    return out if plan.token_index is None else paddle.gather(out, plan.token_index)
+    out = out if plan.token_index is None else paddle.gather(out, plan.token_index)
+    return out if out_dtype == paddle.float32 else out.astype(out_dtype)
 
 
 def _plan(meta: AttentionMetadata, key: str, first: int, last: int) -> _Gather:

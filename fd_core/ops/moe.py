@@ -8,6 +8,7 @@ import numpy as np
 
 from fd_core._paddle import import_paddle
 from fd_core.ops.activation import reference_silu_and_mul
+from fd_core.ops.linear import widen_for_matmul
 
 __all__ = ["grouped_experts", "reference_moe_experts", "reference_moe_select_experts"]
 
@@ -72,11 +73,12 @@ def reference_moe_experts(
     else:
         num_experts = int(up_gate_weights.shape[0])
 
+        # 16-bit experts: only the experts that received tokens are upcast, one at a time
         def up_gate(e: int, h: Any) -> Any:
-            return paddle.matmul(h, up_gate_weights[e])
+            return paddle.matmul(h, widen_for_matmul(up_gate_weights[e], h.dtype))
 
         def down(e: int, h: Any) -> Any:
-            return paddle.matmul(h, down_weights[e])
+            return paddle.matmul(h, widen_for_matmul(down_weights[e], h.dtype))
 
     return grouped_experts(x, topk_weights, topk_ids, num_experts, up_gate, down)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fd_core._paddle import import_paddle
+from fd_core.ops.linear import upcast
 
 __all__ = ["reference_rms_norm"]
 
@@ -17,5 +18,5 @@ def reference_rms_norm(x: Any, weight: Any, eps: float, residual: Any | None = N
     if residual is not None:
         x = x + residual
     variance = paddle.mean(x * x, axis=-1, keepdim=True)
-    normed = x * paddle.rsqrt(variance + eps) * weight
+    normed = x * paddle.rsqrt(variance + eps) * upcast(weight, x.dtype)  # a 16-bit weight: fp32 math
     return (normed, x) if residual is not None else normed

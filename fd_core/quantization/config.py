@@ -24,9 +24,17 @@ Like FastDeploy, plain ``wint4`` on an ERNIE model keeps the dense layers
 (attention, dense MLPs, shared experts) at wint8 and quantizes only the
 routed experts to wint4; a dense ERNIE model therefore runs all-wint8 under
 ``wint4``. Use the mixed form to get wint4 dense layers. FastDeploy methods
-not implemented here (block_wise_fp8, w4a8, wint2, ...) and KV-cache
-quantization (``kv_cache_quant_type``) are refused with a message saying so.
-Pure Python: the API process validates flags with it.
+not implemented here (block_wise_fp8, w4a8, wint2, ...) are refused with a
+message saying so.
+
+FastDeploy's ``kv_cache_quant_type`` (in either JSON form) sets the KV
+cache's dtype, as ``--kv-cache-dtype`` does: ``int8`` -> int8,
+``float8_e4m3fn`` and ``block_wise_fp8`` -> fp8 (e4m3), each with one fp32
+scale per token and KV head (``fd_core.ops.kv_dtype``). JSON holding only
+``kv_cache_quant_type`` quantizes the KV cache and leaves the weights float.
+``resolve_kv_cache_dtype`` combines it with ``--kv-cache-dtype`` and the
+backend's declared KV dtypes. Pure Python: the API process validates flags
+with it.
 """
 
 from __future__ import annotations
@@ -39,11 +47,14 @@ from typing import Any
 from fd_core.config import UnsupportedFeatureError
 from fd_core.quantization.methods import registry
 
-__all__ = ["QuantizationConfig", "check_backend_supports", "parse_quantization"]
+__all__ = ["KV_CACHE_QUANT_TYPES", "QuantizationConfig", "check_backend_supports", "kv_cache_dtype_from_quantization",
+           "parse_quantization", "resolve_kv_cache_dtype"]
 
 DEFAULT_GROUP_SIZE = 128
 _KEYS = ("quantization", "group_size", "dense_quant_type", "moe_quant_type", "lm_head_quant_type",
          "kv_cache_quant_type")
+# FastDeploy's kv_cache_quant_type -> fd-core's --kv-cache-dtype
+KV_CACHE_QUANT_TYPES = {"int8": "int8", "float8_e4m3fn": "fp8", "block_wise_fp8": "fp8"}
 # FastDeploy's per-family rule: --quantization wint4 on ERNIE -> dense layers at wint8
 _DENSE_OVERRIDES = {("Ernie", "wint4"): "wint8"}
 
@@ -60,6 +71,8 @@ class QuantizationConfig:
     # the LM head (also when tied to the embeddings, whose lookup table stays
     # float): None (the default) keeps it float; a method name quantizes it
     lm_head_method: str | None = None
+    # the KV cache's dtype from kv_cache_quant_type ("int8", "fp8"); None: not given
+    kv_cache_dtype: str | None = None
 
     def methods(self, has_experts: bool = True) -> tuple[str, ...]:
         """The methods a model with (or without) routed experts uses."""
@@ -85,6 +98,8 @@ class QuantizationConfig:
         if "wint4" in (self.dense_method, self.moe_method):
             parts.append("per-channel" if self.group_size == -1 else f"group size {self.group_size}")
         parts.append(f"lm_head {self.lm_head_method}" if self.lm_head_method else "lm_head float")
+        if self.kv_cache_dtype:
+            parts.append(f"kv cache {self.kv_cache_dtype}")
         return f"{self.method} ({', '.join(parts)})"
 
 
@@ -104,14 +119,9 @@ def _method_name(value: Any, what: str) -> str:
     return name
 
 
-def parse_quantization(value: str | dict[str, Any] | None, architecture: str | None = None,
-                       lm_head_fp32: bool = False) -> QuantizationConfig | None:
-    """None when unquantized; raises ``UnsupportedFeatureError`` for methods
-    that are not implemented and ``ValueError`` for malformed values.
-
-    ``lm_head_fp32`` (``--lm_head-fp32``) keeps the LM head float whatever
-    the quantization; with an explicit ``lm_head_quant_type`` method too it
-    raises ``ValueError`` naming both, rather than drop one silently."""
+def _spec(value: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    """The value as a JSON object (a bare method name becomes ``{"quantization": name}``);
+    None when unquantized. Raises ``ValueError`` for bad JSON or unknown keys."""
     if value is None or (isinstance(value, str) and value.strip() in ("", "none", "None")):
         return None
     if isinstance(value, str) and value.strip().startswith("{"):
@@ -123,11 +133,68 @@ def parse_quantization(value: str | dict[str, Any] | None, architecture: str | N
     unknown = sorted(set(spec) - set(_KEYS))
     if unknown:
         raise ValueError(f"--quantization: unknown key(s) {', '.join(unknown)}; known: {', '.join(_KEYS)}")
-    if spec.get("kv_cache_quant_type") not in (None, "", "none"):
+    return spec
+
+
+def _kv_cache_dtype(spec: dict[str, Any]) -> str | None:
+    raw = spec.get("kv_cache_quant_type")
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none")):
+        return None
+    name = raw.strip().lower() if isinstance(raw, str) else raw
+    if name not in KV_CACHE_QUANT_TYPES:
+        raise ValueError(f"--quantization: kv_cache_quant_type must be one of "
+                         f"{', '.join(KV_CACHE_QUANT_TYPES)}, got {raw!r}")
+    return KV_CACHE_QUANT_TYPES[name]
+
+
+def kv_cache_dtype_from_quantization(value: str | dict[str, Any] | None) -> str | None:
+    """The KV dtype FastDeploy's ``kv_cache_quant_type`` asks for ("int8" or
+    "fp8"), or None when ``value`` does not set it."""
+    spec = _spec(value)
+    return None if spec is None else _kv_cache_dtype(spec)
+
+
+def resolve_kv_cache_dtype(requested: str, quantization: str | dict[str, Any] | None, backend_name: str,
+                           declared: tuple[str, ...], model_dtype: str = "float32") -> str:
+    """The KV pool's dtype: ``--kv-cache-dtype`` (``requested``) or, when that
+    is auto, ``kv_cache_quant_type`` from ``--quantization``, else the model's
+    dtype (``model_dtype``, the weights' resolved dtype) when the backend
+    declares it, else float32. Raises ``ValueError`` when the two flags
+    disagree and ``UnsupportedFeatureError`` when the backend does not
+    declare the result (``declared``: its ``Capabilities.kv_cache_dtypes``)."""
+    from_quant = kv_cache_dtype_from_quantization(quantization)
+    if requested != "auto" and from_quant is not None and from_quant != requested:
+        raise ValueError(f"--kv-cache-dtype {requested} and --quantization kv_cache_quant_type "
+                         f"({from_quant}) disagree; give one of the two")
+    if requested != "auto":
+        chosen = requested
+    elif from_quant is not None:
+        chosen = from_quant
+    else:
+        chosen = model_dtype if model_dtype in declared else "float32"
+    if chosen not in declared:
+        listed = ", ".join(declared) if declared else "none"
         raise UnsupportedFeatureError(
-            f"--quantization kv_cache_quant_type {spec['kv_cache_quant_type']}: KV-cache quantization "
-            "is not implemented in fd-core yet (issue 15); the KV cache stays float32"
+            f"--kv-cache-dtype {chosen}: backend {backend_name!r} has no KV cache in {chosen}; "
+            f"its KV-cache dtypes: {listed}. Choose one of those, or another --backend"
         )
+    return chosen
+
+
+def parse_quantization(value: str | dict[str, Any] | None, architecture: str | None = None,
+                       lm_head_fp32: bool = False) -> QuantizationConfig | None:
+    """None when unquantized; raises ``UnsupportedFeatureError`` for methods
+    that are not implemented and ``ValueError`` for malformed values.
+
+    ``lm_head_fp32`` (``--lm_head-fp32``) keeps the LM head float whatever
+    the quantization; with an explicit ``lm_head_quant_type`` method too it
+    raises ``ValueError`` naming both, rather than drop one silently."""
+    spec = _spec(value)
+    if spec is None:
+        return None
+    kv_dtype = _kv_cache_dtype(spec)
+    if "quantization" not in spec and kv_dtype is not None:
+        return None  # only the KV cache is quantized: see kv_cache_dtype_from_quantization
     if "quantization" not in spec:
         raise ValueError("--quantization: the JSON form needs a 'quantization' key, e.g. {\"quantization\": \"wint8\"}")
     raw_method = spec["quantization"]
@@ -158,7 +225,7 @@ def parse_quantization(value: str | dict[str, Any] | None, architecture: str | N
                 f"--lm_head-fp32 keeps the LM head float, but --quantization asks for "
                 f"\"lm_head_quant_type\": {raw_head!r}; drop one of the two"
             )
-    config = QuantizationConfig(method, dense, moe, group_size, mixed, lm_head)
+    config = QuantizationConfig(method, dense, moe, group_size, mixed, lm_head, kv_dtype)
     return config.for_architecture(architecture) if architecture else config
 
 

@@ -133,16 +133,22 @@ def test_the_engine_exits_when_the_server_is_killed(model, tmp_path):
 
 
 def _engine_socket_dirs(pids: list[int]) -> list[str]:
-    """The fd-engine-* directories the server's processes have their IPC sockets in."""
-    found = set()
+    """The fd-engine-* directories the server's processes have their IPC sockets in
+    (/proc/net/unix lists every socket of the machine: keep those these processes hold)."""
+    inodes = set()
     for pid in pids:
         try:
-            for line in open(f"/proc/{pid}/net/unix"):
-                path = line.split()[-1]
-                if "/fd-engine-" in path:
-                    found.add(os.path.dirname(path))
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
         except OSError:
             continue
+    found = set()
+    for line in open("/proc/net/unix"):
+        fields = line.split()
+        if len(fields) >= 8 and fields[6] in inodes and "/fd-engine-" in fields[-1]:
+            found.add(os.path.dirname(fields[-1]))
     return sorted(found)
 
 

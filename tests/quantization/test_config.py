@@ -76,7 +76,6 @@ def test_wint4_on_ernie_keeps_dense_layers_at_wint8():
     ("block_wise_fp8", "--quantization block_wise_fp8: block-wise fp8 is not implemented"),
     ("w4a8", "--quantization w4a8: w4a8 is not implemented"),
     ("wint2", "--quantization wint2: wint2 is not implemented"),
-    ({"quantization": "wint8", "kv_cache_quant_type": "int8"}, "kv_cache_quant_type int8: KV-cache quantization"),
     ({"quantization": "mix_quant", "dense_quant_type": "wint8", "moe_quant_type": "w4a8"}, "w4a8"),
 ])
 def test_unimplemented_fastdeploy_methods_are_refused(value, message):

@@ -84,7 +84,10 @@ def fd_device_memory(device_id: int) -> MemoryInfo:
 
 @hookimpl
 def fd_device_capabilities() -> Capabilities:
-    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8"), kv_cache_dtypes=("float32",))
+    # KV dtypes: fp32 runs the native attention; the others run fd-core's reference
+    # attention (the hooks below answer None for them, see _fp32_pools)
+    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8"),
+                        kv_cache_dtypes=("float32", "bfloat16", "float16", "int8", "fp8"))
 
 
 @hookimpl
@@ -122,6 +125,13 @@ def _native(op: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+def _fp32_pools(*caches: Any) -> bool:
+    """Whether every KV pool is an fp32 tensor, the only one the native
+    attention and fused-layer kernels read (an int8 / fp8 pool is a
+    ``QuantizedKV``, which has no dtype)."""
+    return all(str(getattr(c, "dtype", "")) == "paddle.float32" for c in caches)
+
+
 @hookimpl
 def fd_rms_norm(x: Any, weight: Any, eps: float, residual: Any) -> Any:
     from fd_x86 import ops
@@ -145,6 +155,8 @@ def fd_rotary_embedding(q: Any, k: Any, positions: Any, cos_sin: Any, interleave
 
 @hookimpl
 def fd_write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
+    if not _fp32_pools(k_cache, v_cache):
+        return None
     from fd_x86 import ops
 
     return _native(ops.write_kv_cache, k, v, k_cache, v_cache, slot_mapping)
@@ -152,6 +164,8 @@ def fd_write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: 
 
 @hookimpl
 def fd_decode_attention(q: Any, k_cache: Any, v_cache: Any, metadata: Any, scale: float) -> Any:
+    if not _fp32_pools(k_cache, v_cache):
+        return None
     from fd_x86 import ops
 
     return _native(ops.decode_attention, q, k_cache, v_cache, metadata, scale)
@@ -159,6 +173,8 @@ def fd_decode_attention(q: Any, k_cache: Any, v_cache: Any, metadata: Any, scale
 
 @hookimpl
 def fd_prefill_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, metadata: Any, scale: float) -> Any:
+    if not _fp32_pools(k_cache, v_cache):
+        return None
     from fd_x86 import ops
 
     return _native(ops.prefill_attention, q, k, v, k_cache, v_cache, metadata, scale)
@@ -167,6 +183,8 @@ def fd_prefill_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, met
 @hookimpl
 def fd_rope_and_write_kv_cache(qkv: Any, positions: Any, cos_sin: Any, interleaved: bool, num_heads: int,
                                num_kv_heads: int, k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
+    if not _fp32_pools(k_cache, v_cache):
+        return None
     from fd_x86 import ops
 
     return _native(ops.rope_and_write_kv_cache, qkv, positions, cos_sin, interleaved, num_heads, num_kv_heads,
@@ -176,6 +194,8 @@ def fd_rope_and_write_kv_cache(qkv: Any, positions: Any, cos_sin: Any, interleav
 @hookimpl
 def fd_decoder_layers(layers: Any, hidden: Any, residual: Any, cos_sin: Any, metadata: Any, k_caches: Any,
                       v_caches: Any) -> Any:
+    if not _fp32_pools(*k_caches, *v_caches):
+        return None
     from fd_x86.layer import decoder_layers
 
     return _native(decoder_layers, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)

@@ -9,7 +9,8 @@ separate ops: the norms, the packed quantized linears, the fused QKV /
 rotary / cache store and the paged decode attention.
 
 It answers decode-only steps whose layers' four linear weights are all
-quantized with wint8, wint4 or w8a8, on fp32 CPU tensors, with the kernel
+quantized with wint8, wint4 or w8a8, on fp32 CPU tensors (norm weights may
+be bf16/fp16 under ``--dtype``: upcast once, cached with the run), with the kernel
 ``fd_x86.linear`` would pick (the packed one; for wint8 above
 ``WINT8_PACKED_MAX_ROWS`` rows the contract layout's), when the layers share
 their shape (heads, eps, scale, rotary layout); anything else returns None
@@ -51,11 +52,27 @@ def _fits(layer: Any, cos_sin: Any, k_cache: Any, v_cache: Any) -> bool:
     seen = layer.backend_cache.get(FITS_KEY)
     if seen is not None and all(a is b for a, b in zip(seen[0], key)):
         return seen[1]  # type: ignore[no-any-return]
-    fits = (_use_packed("auto") and x86_ops._host(layer.input_norm, layer.post_norm, cos_sin, k_cache, v_cache)
+    fits = (_use_packed("auto") and x86_ops._host(cos_sin, k_cache, v_cache)
+            and all(n.place.is_cpu_place() and n.dtype in _norm_dtypes() for n in (layer.input_norm, layer.post_norm))
             and len(k_cache.shape) == 3 and k_cache.is_contiguous() and v_cache.is_contiguous()
             and layer.head_dim % 8 == 0 and cos_sin.shape[-1] == layer.head_dim)
     layer.backend_cache[FITS_KEY] = (key, bool(fits))
     return bool(fits)
+
+
+@functools.lru_cache(maxsize=1)
+def _norm_dtypes() -> tuple[Any, ...]:
+    paddle = x86_ops._paddle()
+    return (paddle.float32, paddle.bfloat16, paddle.float16)
+
+
+def _fp32(norm: Any) -> Any:
+    """A norm weight as the op takes it (fp32, contiguous). With ``--dtype
+    bfloat16|float16`` it is upcast here, once per run cache entry: ``[D]``
+    per norm, so the fused path keeps running with 16-bit weights elsewhere."""
+    if norm.dtype != x86_ops._paddle().float32:
+        norm = norm.astype("float32")
+    return x86_ops._dense(norm)
 
 
 def _packed_linears(layer: Any, rows: int) -> tuple[list[Any], list[int], list[int], list[int]] | None:
@@ -143,7 +160,7 @@ def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: 
             linears = _packed_linears(layer, rows) if _fits(layer, cos_sin, k_cache, v_cache) else None
             if linears is None:
                 break
-            norms += [x86_ops._dense(layer.input_norm), x86_ops._dense(layer.post_norm)]
+            norms += [_fp32(layer.input_norm), _fp32(layer.post_norm)]
             weights += linears[0]
             methods += linears[1]
             widths += linears[2]

@@ -8,6 +8,14 @@ shuffled block ids and padding rows (slot -1) in the cache write. Context
 from earlier steps is written first through the backend's own
 ``write_kv_cache``. Only attention outputs are compared: the cache layout is
 the backend's own.
+
+Every KV-cache dtype the backend declares is a case (the reference's cache
+stays fp32). K/V values are exact in the declared dtype, so a correct cache
+gives the reference's attention to fp32 rounding: for int8 / fp8, integer /
+e4m3 codes times a power of two, with each (token, head) row's absmax the
+dtype's largest code, so the per-row scale (``fd_core.ops.kv_dtype``) is that
+power of two. Only the fused rotate-and-store case stores rotated values an
+8-bit cache cannot hold exactly; it is compared with ``QUANTIZED_KV_TOL``.
 """
 
 from __future__ import annotations
@@ -20,11 +28,16 @@ import numpy as np
 import pytest
 
 from fd_core.ops.attention import AttentionMetadata
+from fd_core.ops.kv_dtype import decode_fp8_e4m3
 from fd_core.ops.rope import rope_cos_sin
 from fd_core.testing.conformance import STATE_KEY
-from fd_core.testing.conformance.harness import FLOAT_DTYPES, Harness, case_rng
+from fd_core.testing.conformance.harness import FLOAT_DTYPES, Harness, Tolerance, case_rng
 
 PADDING_ROWS = 3  # extra rows with slot -1 in the step's cache write
+QUANTIZED_KV = ("int8", "fp8")
+# attention over an 8-bit cache of inexact values against the fp32 reference: outputs are
+# O(1); int8 rounds to 1/254 of a row's absmax, e4m3 to 1/16 of each value
+QUANTIZED_KV_TOL = {"int8": Tolerance(rtol=5e-2, atol=5e-2), "fp8": Tolerance(rtol=2e-1, atol=2e-1)}
 
 
 @dataclass(frozen=True)
@@ -60,7 +73,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "kv_dtype" in metafunc.fixturenames:
         state = metafunc.config.stash[STATE_KEY]
         listed = state.backend.capabilities().kv_cache_dtypes if state.backend else ()
-        dtypes = [d for d in listed if d in FLOAT_DTYPES] or [state.dtype]
+        dtypes = [d for d in listed if d in FLOAT_DTYPES + QUANTIZED_KV] or [state.dtype]
         metafunc.parametrize("kv_dtype", dtypes)
 
 
@@ -188,12 +201,28 @@ def _store_fused(fd: Harness, on_reference: bool, step: Step, data: dict[str, np
     )
 
 
+def _exact_8bit(rng: np.random.Generator, shape: tuple[int, ...], kv_dtype: str) -> np.ndarray:
+    """Values an 8-bit cache holds exactly (and fp16 / bf16 too): codes times
+    a power of two, each row's absmax the largest code (the scale is then
+    exactly that power of two)."""
+    if kv_dtype == "int8":
+        codes, top, unit = rng.integers(-127, 128, shape).astype(np.float32), 127.0, 2.0**-6
+    else:
+        codes, top, unit = decode_fp8_e4m3(rng.integers(0, 256, shape).astype(np.uint8)), 448.0, 2.0**-8
+        codes = np.where(np.isfinite(codes), codes, 0.0).astype(np.float32)
+    where = rng.integers(0, shape[-1], shape[:-1])[..., None]
+    np.put_along_axis(codes, where, rng.choice([-top, top], shape[:-1])[..., None], axis=-1)
+    return (codes * unit).astype(np.float32)
+
+
 def _step_data(fd: Harness, step: Step, tables: list[list[int]], kv_dtype: str,
                rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Queries, context and new K/V (values exact in both dtypes), and slots."""
     tokens = sum(step.query_lens)
 
     def kv(rows: int) -> np.ndarray:
+        if kv_dtype in QUANTIZED_KV:
+            return _exact_8bit(rng, (rows, step.kv_heads, step.head_dim), kv_dtype)
         values = rng.normal(0, 1, (rows, step.kv_heads, step.head_dim))
         return fd.rounded(fd.rounded(values), kv_dtype)
 
@@ -220,8 +249,8 @@ def _describe(fd: Harness, step: Step, kv_dtype: str) -> str:
 
 
 def _compare(fd: Harness, step: Step, case: str, got: tuple[Any, ...], want: tuple[Any, ...],
-             kv_dtype: str) -> None:
-    tol = fd.tol(fd.dtype, kv_dtype)
+             kv_dtype: str, tol: Tolerance | None = None) -> None:
+    tol = tol or fd.tol(fd.dtype, kv_dtype)
     if step.decode_lens:
         fd.assert_close("decode_attention", case, got[0], want[0], tol)
     if step.prefills:
@@ -279,4 +308,6 @@ def test_rope_and_write_kv_cache_step(conformance: Harness, step: Step, kv_dtype
     case = _describe(fd, step, kv_dtype) + f" interleaved={interleaved} qkv rows={tokens}"
     for name, g, w in zip(("q", "k", "v"), got[2], want[2]):
         fd.assert_close("rope_and_write_kv_cache", f"{case} ({name})", g, w, fd.tol())
-    _compare(fd, step, case + " (attention over the stored k/v)", got, want, kv_dtype)
+    stored_tol = QUANTIZED_KV_TOL.get(kv_dtype) if fd.override is None else None  # rotated k: not exact
+    _compare(fd, step, case + " (attention over the stored k/v)", got, want, kv_dtype,
+             stored_tol.looser(fd.tol(fd.dtype)) if stored_tol else None)
