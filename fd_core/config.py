@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fd_core import envs
+from fd_core.errors import UnsupportedFeatureError
+from fd_core.flags import by_dest, check_flag
+from fd_core.quantization.config import kv_cache_dtype_from_quantization, parse_quantization
+from fd_core.sampling.early_stop import EarlyStopConfig
+from fd_core.tokenizer.chat_template import ChatTemplate, load_chat_template
 
 __all__ = ["EngineArgs", "UnsupportedFeatureError", "host_available_bytes", "host_memory", "host_swap_blocks", "kv_cache_blocks"]
 
@@ -27,10 +32,6 @@ SWAP_FRACTION = 0.5  # --swap-space may take at most this share of the host memo
 CPU_KV_SHARE = 0.5
 
 logger = logging.getLogger(__name__)
-
-
-class UnsupportedFeatureError(ValueError):
-    """A flag names a feature that is not implemented (yet)."""
 
 
 @dataclass
@@ -90,8 +91,6 @@ class EngineArgs:
         (nothing serves HTTP offline), one naming a feature fd-core lacks raises
         UnsupportedFeatureError naming it; any other unknown name is a TypeError.
         """
-        from fd_core.flags import by_dest, check_flag
-
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = []
         for name in sorted(set(kwargs) - names):
@@ -138,14 +137,10 @@ class EngineArgs:
                 f"--max-long-partial-prefills {self.max_long_partial_prefills} exceeds "
                 f"--max-num-partial-prefills {self.max_num_partial_prefills}; it counts a subset of them"
             )
-        from fd_core.sampling.early_stop import EarlyStopConfig
-
         EarlyStopConfig.from_args(self.enable_early_stop, self.early_stop_config)  # names a bad key or value
         self._check_logits_processor_modules()
         if self.chat_template is not None:
             import jinja2
-
-            from fd_core.tokenizer.chat_template import ChatTemplate, load_chat_template
 
             try:
                 ChatTemplate(load_chat_template(self.chat_template))  # a file that is there, and compiles
@@ -172,8 +167,6 @@ class EngineArgs:
                 f"--tensor-parallel-size {self.tensor_parallel_size}: tensor parallelism is not "
                 "implemented yet (issue 17); use 1"
             )
-        from fd_core.quantization.config import kv_cache_dtype_from_quantization, parse_quantization
-
         parse_quantization(self.quantization, lm_head_fp32=self.lm_head_fp32)  # raises naming an unknown or unimplemented method
         quant_kv = kv_cache_dtype_from_quantization(self.quantization)
         if self.kv_cache_dtype != "auto" and quant_kv and quant_kv != self.kv_cache_dtype:

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from fd_core.config import UnsupportedFeatureError
+from fd_core.errors import UnsupportedFeatureError
 
 __all__ = ["FLAGS", "Flag", "FlagError", "by_dest", "check_flag", "parse_json_or_str", "parse_bool"]
 

@@ -137,9 +137,13 @@ def fd_silu_and_mul(x: Any) -> Any:
 
 @impl
 def fd_linear(x: Any, weight: Any, bias: Any, quant: Any) -> Any:
-    from fd_core.ops.linear import reference_linear
+    if quant is None:
+        from fd_core.ops.linear import reference_linear
 
-    return reference_linear(x, weight, bias, quant)
+        return reference_linear(x, weight, bias)
+    from fd_core.quantization.reference import quantized_linear
+
+    return quantized_linear(x, quant, bias)
 
 
 @impl
@@ -194,9 +198,13 @@ def fd_moe_select_experts(
 def fd_moe_experts(
     x: Any, topk_weights: Any, topk_ids: Any, up_gate_weights: Any, down_weights: Any, quant: Any
 ) -> Any:
-    from fd_core.ops.moe import reference_moe_experts
+    if quant is None:
+        from fd_core.ops.moe import reference_moe_experts
 
-    return reference_moe_experts(x, topk_weights, topk_ids, up_gate_weights, down_weights, quant)
+        return reference_moe_experts(x, topk_weights, topk_ids, up_gate_weights, down_weights)
+    from fd_core.quantization.reference import quantized_moe_experts
+
+    return quantized_moe_experts(x, topk_weights, topk_ids, quant)
 
 
 @impl

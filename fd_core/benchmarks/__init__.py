@@ -9,4 +9,7 @@ benchmark_serving definitions) and the result tables and JSON files. The serve
 client imports no paddle: it only needs httpx, numpy and, for text prompts,
 ``fd_core.tokenizer``. The offline commands import ``fd_core.LLM``.
 Timings are measured by running these commands, never by tests.
+May import: fd_core.engine, fd_core.sampling, fd_core.tokenizer,
+fd_core.config, fd_core.testing (generated checkpoints), and the ``fd_core``
+facade (``fd_core.LLM``).
 """

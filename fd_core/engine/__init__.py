@@ -1,6 +1,9 @@
 """The engine: request state, scheduler, KV cache manager, model runner.
 
 The scheduler and KV cache manager are pure Python (no paddle or numpy);
-all tensor work sits behind ``ModelRunner.execute``. May import: every
-lower component (backends, models, model_loader, sampling).
+all tensor work sits behind ``ModelRunner.execute``. May import: the
+components below it: fd_core.backends, fd_core.models, fd_core.model_loader,
+fd_core.layers, fd_core.ops, fd_core.quantization, fd_core.sampling,
+fd_core.tokenizer, fd_core.config, fd_core.envs, fd_core.logging_setup,
+fd_core._paddle.
 """

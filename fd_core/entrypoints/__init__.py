@@ -1,5 +1,9 @@
 """Entry points: the offline ``LLM`` API, the OpenAI server and the CLI.
 
 Owns user-facing argument parsing and the processes' main functions.
-May import every other fd_core component.
+May import: every other component: fd_core.engine, fd_core.backends,
+fd_core.models, fd_core.model_loader, fd_core.sampling, fd_core.tokenizer,
+fd_core.parsers, fd_core.metrics, fd_core.plugins, fd_core.config,
+fd_core.flags, fd_core.envs, fd_core.masking, fd_core.logging_setup,
+fd_core.testing (the demo checkpoint).
 """

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fd_core.backends.base import Ops
 from fd_core.layers.basic import Linear
 from fd_core.ops.decoder import self_attention
+
+if TYPE_CHECKING:
+    from fd_core.backends.base import Ops
 
 __all__ = ["Attention", "KVCache"]
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
-from fd_core.backends.base import Ops
 from fd_core.layers.param import Param
 from fd_core.ops.linear import QuantizedWeight
+
+if TYPE_CHECKING:
+    from fd_core.backends.base import Ops
 
 __all__ = ["Linear", "RMSNorm", "embed"]
 
@@ -15,21 +17,15 @@ paddle = import_paddle()
 
 
 class Linear:
-    """``y = x @ W``, ``W [in, out]`` (Paddle's layout). With quantization the
-    weight is held as a ``QuantizedWeight`` and the backend picks the kernel."""
+    """``y = x @ W``, ``W [in, out]`` (Paddle's layout). Quantized (by
+    ``fd_core.quantization.apply`` before loading), the weight is held as a
+    ``QuantizedWeight`` and the backend picks the kernel."""
 
     def __init__(self, ops: Ops, in_features: int, out_features: int) -> None:
         self.ops = ops
         self.in_features = in_features
         self.out_features = out_features
         self.weight = Param((in_features, out_features))
-
-    def use_quantization(self, method: str, group_size: int, name: str = "") -> None:
-        """Before loading: store the weight quantized with ``method`` as the
-        loader fills it (``fd_core.quantization.QuantizedParam``)."""
-        from fd_core.quantization.param import QuantizedParam
-
-        self.weight = QuantizedParam(self.weight.shape, method, group_size, name)
 
     @property
     def quant(self) -> QuantizedWeight | None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fd_core.backends.base import Ops
 from fd_core.layers.basic import Linear
 from fd_core.layers.param import Param
 from fd_core.ops.linear import QuantizedWeight
+
+if TYPE_CHECKING:
+    from fd_core.backends.base import Ops
 
 __all__ = ["GatedMLP", "MoE"]
 
@@ -44,14 +46,6 @@ class MoE:
             GatedMLP(ops, hidden_size, intermediate_size * num_shared_experts)
             if num_shared_experts else None
         )
-
-    def use_quantization(self, method: str, group_size: int, name: str = "") -> None:
-        """Before loading: store the routed experts quantized with ``method``,
-        each expert as soon as the loader completes it; the router gate stays fp32."""
-        from fd_core.quantization.param import QuantizedParam
-
-        self.up_gate_proj = QuantizedParam(self.up_gate_proj.shape, method, group_size, name + ".up_gate_proj")
-        self.down_proj = QuantizedParam(self.down_proj.shape, method, group_size, name + ".down_proj")
 
     @property
     def expert_quant(self) -> tuple[QuantizedWeight, QuantizedWeight] | None:

@@ -2,8 +2,8 @@
 
 Owns finding a model directory (local path or hub cache), reading
 safetensors (memory-mapped, tensor by tensor) and mapping checkpoint names
-onto model parameters. May import: fd_core.models, fd_core.layers, numpy,
-paddle (through the layers). Importing this package imports no paddle
+onto model parameters. May import: fd_core.models, fd_core.layers,
+fd_core.ops, fd_core.quantization, fd_core.errors, fd_core.envs. Importing this package imports no paddle
 (the API process resolves model paths with ``discovery``); ``load_model``
 and ``CheckpointError`` load ``loader`` on first access.
 """

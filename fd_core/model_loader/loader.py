@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fd_core.config import UnsupportedFeatureError
+from fd_core.errors import UnsupportedFeatureError
 from fd_core.layers.param import cast_host
 from fd_core.model_loader.dtypes import WEIGHT_DTYPES
 from fd_core.model_loader.safetensors_io import SafetensorsError, SafetensorsFile

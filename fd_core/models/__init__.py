@@ -3,7 +3,8 @@
 Owns model definitions (one file per family) and their configs. Models call
 kernels only through a backend's ``ops``. General plugins add models through
 the ``fd_register_models`` hook. May import: fd_core.layers, fd_core.ops,
-fd_core.backends (types), fd_core.plugins.
+fd_core.quantization (its load-time transform), fd_core.plugins,
+fd_core._paddle, fd_core.backends (types).
 """
 
 from __future__ import annotations

@@ -14,10 +14,9 @@ PyTorch-named or Paddle-named checkpoint lands.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
-from fd_core.backends.base import Ops
 from fd_core.layers.attention import Attention, KVCache
 from fd_core.layers.basic import Linear, RMSNorm, embed
 from fd_core.layers.mlp import GatedMLP, MoE
@@ -27,6 +26,10 @@ from fd_core.ops._host import as_array, on_host
 from fd_core.ops.decoder import DecoderLayerWeights
 from fd_core.ops.linear import QuantizedWeight
 from fd_core.ops.rope import rope_cos_sin
+from fd_core.quantization.apply import quantize_experts, quantize_linear
+
+if TYPE_CHECKING:
+    from fd_core.backends.base import Ops
 
 __all__ = ["Ernie4_5ForCausalLM", "Target"]
 
@@ -135,13 +138,13 @@ class Ernie4_5ForCausalLM:
         stay fp32. A tied LM head is quantized from the embeddings after loading.
         """
         if quantization.lm_head_method:
-            self.lm_head.use_quantization(quantization.lm_head_method, quantization.group_size, "lm_head")
+            quantize_linear(self.lm_head, quantization.lm_head_method, quantization.group_size, "lm_head")
         for i, layer in enumerate(self.layers):
             p = f"layers.{i}."
             dense = {"self_attn.qkv_proj": layer.self_attn.qkv_proj, "self_attn.o_proj": layer.self_attn.o_proj}
             mlp = layer.mlp
             if isinstance(mlp, MoE):
-                mlp.use_quantization(quantization.moe_method, quantization.group_size, p + "mlp.experts")
+                quantize_experts(mlp, quantization.moe_method, quantization.group_size, p + "mlp.experts")
                 if mlp.shared_experts is not None:
                     dense["mlp.shared_experts.up_gate_proj"] = mlp.shared_experts.up_gate_proj
                     dense["mlp.shared_experts.down_proj"] = mlp.shared_experts.down_proj
@@ -149,7 +152,7 @@ class Ernie4_5ForCausalLM:
                 dense["mlp.up_gate_proj"] = mlp.up_gate_proj
                 dense["mlp.down_proj"] = mlp.down_proj
             for name, linear in dense.items():
-                linear.use_quantization(quantization.dense_method, quantization.group_size, p + name)
+                quantize_linear(linear, quantization.dense_method, quantization.group_size, p + name)
 
     def _resident_params(self) -> list[Param]:
         params = list(self.parameters().values())

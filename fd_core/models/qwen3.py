@@ -14,10 +14,9 @@ describes ERNIE's layer, which has no q/k norm).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
-from fd_core.backends.base import Ops
 from fd_core.layers.attention import KVCache
 from fd_core.layers.basic import Linear, RMSNorm
 from fd_core.layers.mlp import GatedMLP
@@ -25,6 +24,9 @@ from fd_core.layers.param import Param
 from fd_core.models.config import ModelConfig
 from fd_core.models.ernie4_5 import Target
 from fd_core.ops.rope import rope_cos_sin
+
+if TYPE_CHECKING:
+    from fd_core.backends.base import Ops
 
 __all__ = ["Qwen3ForCausalLM"]
 

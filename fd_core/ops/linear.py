@@ -4,9 +4,11 @@ Unquantized weights are ``[in, out]`` (Paddle's layout), so ``y = x @ W``;
 a weight stored in 16 bits (``--dtype bfloat16|float16``) is upcast to x's
 dtype (fp32) for the matmul: paddle's CPU matmul has no bf16 kernel, and the
 reference defines the numerics as fp32 compute on the rounded weights.
-Quantized layers carry a ``QuantizedWeight``; the layout and the reference
-numerics of each method are defined by ``fd_core.quantization`` (wint8/wint4:
-dequantize, then an fp32 matmul; w8a8: per-token dynamic int8 activations).
+Quantized layers carry a ``QuantizedWeight`` (the data type lives here, where
+every kernel can read it); the layout and the reference numerics of each method
+are defined by ``fd_core.quantization`` (wint8/wint4: dequantize, then an fp32
+matmul; w8a8: per-token dynamic int8 activations), which the CPU reference
+backend calls for a quantized layer.
 """
 
 from __future__ import annotations
@@ -43,19 +45,16 @@ class QuantizedWeight:
     out_features: int
     group_size: int = -1  # -1: per channel
 
+    def expert(self, index: int) -> QuantizedWeight:
+        """Expert ``index``'s weight from one stacked over a leading expert axis."""
+        return QuantizedWeight(self.method, self.qweight[index], self.scales[index],
+                               self.in_features, self.out_features, self.group_size)
 
-def reference_linear(x: Any, weight: Any, bias: Any | None = None, quant: Any = None) -> Any:
-    """``x [T, in] @ weight [in, out] + bias``; with ``quant`` (and ``weight``
-    None) the method's reference numerics; None for a method without them."""
-    if quant is None:
-        out = paddle.matmul(x, widen_for_matmul(weight, x.dtype))
-    else:
-        from fd_core.quantization.methods import registry
 
-        method = registry.find(quant.method)
-        if method is None or method.linear is None:
-            return None
-        out = method.linear(x, quant)
+def reference_linear(x: Any, weight: Any, bias: Any | None = None) -> Any:
+    """``x [T, in] @ weight [in, out] + bias``, in fp32. (A quantized layer's
+    reference numerics are its method's: ``fd_core.quantization.reference``.)"""
+    out = paddle.matmul(x, widen_for_matmul(weight, x.dtype))
     if bias is not None:
         out = out + upcast(bias, out.dtype)
     return out

@@ -39,46 +39,18 @@ def reference_moe_experts(
     topk_ids: Any,
     up_gate_weights: Any,
     down_weights: Any,
-    quant: Any = None,
 ) -> Any:
-    """``out[t] = sum_k w[t,k] * down[e] (silu_and_mul(up_gate[e] x[t]))``.
+    """``out[t] = sum_k w[t,k] * down[e] (silu_and_mul(up_gate[e] x[t]))`` with float
+    experts (``up_gate_weights [E, D, 2I]``, ``down_weights [E, I, D]``), through
+    ``grouped_experts``. 16-bit experts are widened one expert at a time, only those
+    that received tokens. (Quantized experts: ``fd_core.quantization.reference``.)"""
+    num_experts = int(up_gate_weights.shape[0])
 
-    Tokens are grouped by expert on the host (one argsort of ``T*k`` ids) and
-    each expert that received tokens runs one matmul pair over all of them.
-    Quantized experts come as ``quant = (up_gate, down)``: two
-    ``QuantizedWeight``s stacked over a leading expert axis (``up_gate``
-    ``[E, 2I, D]``-shaped codes for ``[D, 2I]`` weights, ``down`` for
-    ``[I, D]``; layouts as in ``fd_core.quantization``) with the weight
-    arguments None. Each expert with tokens then runs its method's reference
-    linear on its own slice (dequantizing only that expert). Returns None for
-    a method that has no reference numerics.
-    """
-    if quant is not None:
-        from fd_core.quantization.methods import registry
-        from fd_core.quantization.weights import expert_weight
+    def up_gate(e: int, h: Any) -> Any:
+        return paddle.matmul(h, widen_for_matmul(up_gate_weights[e], h.dtype))
 
-        up_q, down_q = quant
-        up_method, down_method = registry.find(up_q.method), registry.find(down_q.method)
-        up_linear = up_method.linear if up_method is not None else None
-        down_linear = down_method.linear if down_method is not None else None
-        if up_linear is None or down_linear is None:
-            return None
-        num_experts = int(up_q.qweight.shape[0])
-
-        def up_gate(e: int, h: Any) -> Any:
-            return up_linear(h, expert_weight(up_q, e))
-
-        def down(e: int, h: Any) -> Any:
-            return down_linear(h, expert_weight(down_q, e))
-    else:
-        num_experts = int(up_gate_weights.shape[0])
-
-        # 16-bit experts: only the experts that received tokens are upcast, one at a time
-        def up_gate(e: int, h: Any) -> Any:
-            return paddle.matmul(h, widen_for_matmul(up_gate_weights[e], h.dtype))
-
-        def down(e: int, h: Any) -> Any:
-            return paddle.matmul(h, widen_for_matmul(down_weights[e], h.dtype))
+    def down(e: int, h: Any) -> Any:
+        return paddle.matmul(h, widen_for_matmul(down_weights[e], h.dtype))
 
     return grouped_experts(x, topk_weights, topk_ids, num_experts, up_gate, down)
 

@@ -3,13 +3,14 @@
 Owns the methods ``--quantization`` names (``methods``: a registry that
 general plugins extend through ``fd_register_quantization_methods``), parsing
 FastDeploy's flag forms (``config``), the reference quantizer and layouts
-(``wint``: wint8/wint4, ``w8a8``), and the parameter that quantizes as the
-loader fills it (``param``). The reference numerics of a quantized linear
-layer live here too and ``fd_core.ops.linear.reference_linear`` dispatches
-to them: dequantize, then an fp32 matmul (w8a8 also quantizes activations
-per token). May import: fd_core.ops, fd_core.layers (Param), fd_core.config,
-fd_core.plugins, numpy, paddle (only in the modules that run kernels:
-importing this package or ``config``/``methods`` loads no paddle).
+(``wint``: wint8/wint4, ``w8a8``), the parameter that quantizes as the
+loader fills it (``param``) and the transform that makes a finished model's
+layers quantized (``apply``). The reference numerics of quantized layers live
+here too (``reference``; the CPU reference backend calls them): dequantize,
+then an fp32 matmul (w8a8 also quantizes activations per token).
+May import: fd_core.ops, fd_core.layers, fd_core.errors, fd_core.plugins,
+fd_core._paddle, numpy, paddle (only in the modules that run kernels: importing this package
+or ``config``/``methods`` loads no paddle).
 
 Public API::
 

@@ -44,7 +44,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from fd_core.config import UnsupportedFeatureError
+from fd_core.errors import UnsupportedFeatureError
 from fd_core.quantization.methods import registry
 
 __all__ = ["KV_CACHE_QUANT_TYPES", "QuantizationConfig", "check_backend_supports", "kv_cache_dtype_from_quantization",

@@ -82,8 +82,7 @@ def _check_layout(quant: QuantizedWeight, qshape: list[int], qdtype: str, scale_
 
 def expert_weight(stacked: QuantizedWeight, expert: int) -> QuantizedWeight:
     """Expert ``expert``'s weight from one stacked over a leading expert axis."""
-    return QuantizedWeight(stacked.method, stacked.qweight[expert], stacked.scales[expert],
-                           stacked.in_features, stacked.out_features, stacked.group_size)
+    return stacked.expert(expert)
 
 
 def resident_bytes(value: Any) -> int:

@@ -12,8 +12,8 @@ thinking budget (``reasoning_budget``), the repetition early stop
 kernels themselves (temperature, min-p, top-k, top-p, the draw) are backend
 ops (``fd_core.ops.sampling``), reached through ``Ops.sample``.
 
-May import: fd_core.envs, fd_core._paddle, numpy, and the backend ``Ops``
-it is given. Importing this package imports neither paddle nor numpy; the
+May import: fd_core.envs, fd_core._paddle, fd_core.ops (host helpers),
+numpy, and the backend ``Ops`` it is given. Importing this package imports neither paddle nor numpy; the
 paddle-using names below load on first access.
 """
 

@@ -252,16 +252,15 @@ class _Soak:
 
 
 async def _max_body_bytes(http: httpx.AsyncClient, url: str) -> int:
-    """The server's --max-request-body-bytes, from /config-info (its default when unset there)."""
-    from fd_core.entrypoints.openai.body_limit import default_max_body_bytes
-
+    """The server's --max-request-body-bytes, from /config-info (its documented default,
+    16 MiB + 64 bytes per --max-model-len token, when unset there): read as any client would."""
     info = (await http.get(url + "/config-info", timeout=30)).json()
     args = info.get("server_args", {})
     value = args.get("max_request_body_bytes")
     if value:
         return int(value)
     max_len = info.get("engine_args", {}).get("max_model_len") or args.get("max_model_len") or 2048
-    return default_max_body_bytes(int(max_len))
+    return (16 << 20) + 64 * int(max_len)
 
 
 async def run_soak(cfg: SoakConfig) -> SoakReport:

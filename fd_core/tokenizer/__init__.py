@@ -8,6 +8,7 @@ Qwen); ``Tokenizer.from_pretrained`` picks by the files in the directory
 Runs in the API process, so it may import only the standard library,
 sentencepiece (with its protobuf model description), the ``tokenizers``
 library, jinja2 and fd_core.plugins: never paddle, torch, numpy or transformers.
+May import: fd_core.plugins.
 `spm_builder` trains the small ERNIE-style tokenizers that generated test
 checkpoints ship.
 """
