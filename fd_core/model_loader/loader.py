@@ -29,6 +29,7 @@ from fd_core.model_loader.safetensors_io import SafetensorsError, SafetensorsFil
 from fd_core.models import registry
 from fd_core.models.config import ModelConfig, load_config
 from fd_core.ops.linear import QuantizedWeight
+from fd_core.quantization.weights import resident_bytes
 
 __all__ = ["CheckpointError", "checkpoint_files", "load_model", "supported_weight_dtypes"]
 
@@ -122,8 +123,6 @@ def _describe_bytes(model: Any) -> str:
 def _log_quantized(model: Any, quantization: Any) -> None:
     """One line with the resident weight memory achieved; one for wint4 layers
     that fell back to per-channel scales."""
-    from fd_core.quantization.weights import resident_bytes
-
     params = model.parameters()
     quantized = [p for p in params.values() if isinstance(p.data, QuantizedWeight)]
     logger.info("weights: %s fp32 -> %s %s (the quantized layers: %s -> %s)",

@@ -27,6 +27,7 @@ from fd_core.ops.decoder import DecoderLayerWeights
 from fd_core.ops.linear import QuantizedWeight
 from fd_core.ops.rope import rope_cos_sin
 from fd_core.quantization.apply import quantize_experts, quantize_linear
+from fd_core.quantization.weights import resident_bytes
 
 if TYPE_CHECKING:
     from fd_core.backends.base import Ops
@@ -171,8 +172,6 @@ class Ernie4_5ForCausalLM:
     def weight_bytes_by_dtype(self) -> dict[str, int]:
         """Resident bytes by storage: ``{"bfloat16": ..., "float32": ...}``,
         quantized weights under their method (``"wint8"``: codes + scales)."""
-        from fd_core.quantization.weights import resident_bytes
-
         out: dict[str, int] = {}
         for p in self._resident_params():
             data = p.data

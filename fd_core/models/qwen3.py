@@ -24,6 +24,7 @@ from fd_core.layers.param import Param
 from fd_core.models.config import ModelConfig
 from fd_core.models.ernie4_5 import Target
 from fd_core.ops.rope import rope_cos_sin
+from fd_core.quantization.weights import resident_bytes
 
 if TYPE_CHECKING:
     from fd_core.backends.base import Ops
@@ -123,8 +124,6 @@ class Qwen3ForCausalLM:
 
     def weight_bytes(self, as_fp32: bool = False) -> int:
         """Bytes the loaded weights hold (a tied LM head counts its own copy)."""
-        from fd_core.quantization.weights import resident_bytes
-
         params = list(self.parameters().values())
         if self.config.tie_word_embeddings:
             params.append(self.lm_head.weight)
