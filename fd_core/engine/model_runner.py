@@ -17,6 +17,7 @@ import numpy as np
 from fd_core._paddle import import_paddle
 from fd_core.backends.base import Backend
 from fd_core.layers.attention import KVCache
+from fd_core.model_loader.accounting import weight_bytes
 from fd_core.model_loader.dtypes import checkpoint_dtype, resolve_weight_dtype
 from fd_core.model_loader.loader import load_model, supported_weight_dtypes
 from fd_core.models import registry
@@ -97,7 +98,7 @@ class ModelRunner:
         logger.info("weights: --dtype %s -> %s (checkpoint %s, backend %s)", dtype, self.dtype, stored, backend.name)
         self.model = load_model(model_dir, self.ops, self.max_model_len, self.config, quantization, self.dtype)
         # bytes the loaded weights hold (quantized: codes + scales), for benchmarks and logs
-        self.weight_bytes: int = self.model.weight_bytes() if hasattr(self.model, "weight_bytes") else 0
+        self.weight_bytes: int = weight_bytes(self.model)
         self.num_blocks = 0
         self.kv_caches: list[KVCache] = []
         self.host_caches: list[KVCache] = []

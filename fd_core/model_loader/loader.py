@@ -24,11 +24,13 @@ import numpy as np
 
 from fd_core.errors import UnsupportedFeatureError
 from fd_core.layers.param import cast_host
+from fd_core.model_loader.accounting import weight_bytes, weight_bytes_by_dtype
 from fd_core.model_loader.dtypes import WEIGHT_DTYPES
 from fd_core.model_loader.safetensors_io import SafetensorsError, SafetensorsFile
 from fd_core.models import registry
 from fd_core.models.config import ModelConfig, load_config
 from fd_core.ops.linear import QuantizedWeight
+from fd_core.quantization.apply import quantize_model
 from fd_core.quantization.weights import resident_bytes
 
 __all__ = ["CheckpointError", "checkpoint_files", "load_model", "supported_weight_dtypes"]
@@ -114,7 +116,7 @@ def _size(num_bytes: int) -> str:
 
 def _describe_bytes(model: Any) -> str:
     """``"1.23 GiB (bfloat16 1.20 GiB, float32 30.0 MiB)"``: resident bytes by storage dtype."""
-    by_dtype = model.weight_bytes_by_dtype() if hasattr(model, "weight_bytes_by_dtype") else {}
+    by_dtype = weight_bytes_by_dtype(model)
     total = sum(by_dtype.values())
     parts = ", ".join(f"{k} {_size(v)}" for k, v in sorted(by_dtype.items(), key=lambda kv: -kv[1]))
     return f"{_size(total)} ({parts})" if parts else "(bytes not reported by the model)"
@@ -126,7 +128,7 @@ def _log_quantized(model: Any, quantization: Any) -> None:
     params = model.parameters()
     quantized = [p for p in params.values() if isinstance(p.data, QuantizedWeight)]
     logger.info("weights: %s fp32 -> %s %s (the quantized layers: %s -> %s)",
-                _size(model.weight_bytes(as_fp32=True)), _size(model.weight_bytes()), quantization.describe(),
+                _size(weight_bytes(model, as_fp32=True)), _size(weight_bytes(model)), quantization.describe(),
                 _size(sum(p.numel * 4 for p in quantized)), _size(sum(resident_bytes(p.data) for p in quantized)))
     per_channel = [name for name, p in params.items()
                    if getattr(p, "method", None) == "wint4" and p.group_size != -1 and p.in_features % p.group_size]
@@ -154,13 +156,13 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
             f"{', '.join(supported_weight_dtypes(model_cls))} only; use --dtype float32 (or auto)")
     model = model_cls(config, ops, max_position)
     if quantization is not None:
-        if not hasattr(model, "quantize_on_load"):
+        if not getattr(model, "quantizable", False):
             raise UnsupportedFeatureError(
                 f"--quantization {quantization.method}: {config.architecture} does not support "
                 "quantization; run it without --quantization"
             )
         quantization = quantization.for_architecture(config.architecture)
-        model.quantize_on_load(quantization)
+        quantize_model(model, quantization)
     _use_dtype(model, dtype)
     files = checkpoint_files(model_dir)
     readers = []

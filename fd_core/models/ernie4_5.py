@@ -13,7 +13,6 @@ PyTorch-named or Paddle-named checkpoint lands.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
@@ -21,13 +20,11 @@ from fd_core.layers.attention import Attention, KVCache
 from fd_core.layers.basic import Linear, RMSNorm, embed
 from fd_core.layers.mlp import GatedMLP, MoE
 from fd_core.layers.param import Param
+from fd_core.models.base import Target
 from fd_core.models.config import ModelConfig
 from fd_core.ops._host import as_array, on_host
 from fd_core.ops.decoder import DecoderLayerWeights
-from fd_core.ops.linear import QuantizedWeight
 from fd_core.ops.rope import rope_cos_sin
-from fd_core.quantization.apply import quantize_experts, quantize_linear
-from fd_core.quantization.weights import resident_bytes
 
 if TYPE_CHECKING:
     from fd_core.backends.base import Ops
@@ -35,18 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["Ernie4_5ForCausalLM", "Target"]
 
 paddle = import_paddle()
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where one checkpoint tensor goes: ``param[index] = f(tensor)`` where
-    ``f`` transposes the last two axes when ``transpose`` and then reshapes
-    to the region (e.g. a ``[1, E]`` bias into ``[E]``)."""
-
-    param: Param
-    source_shape: tuple[int, ...]
-    index: tuple[Any, ...] = ()
-    transpose: bool = False
 
 
 class DecoderLayer:
@@ -109,6 +94,11 @@ class Ernie4_5ForCausalLM:
 
     # storage dtypes its forward takes (16-bit: activations stay fp32, see layers.basic.embed)
     weight_dtypes = ("float32", "bfloat16", "float16")
+    # its linear layers take --quantization (quantization.apply.quantize_model): dense
+    # layers (qkv, o, dense MLPs, shared experts) the dense method, routed experts the MoE
+    # method, the LM head its own method when set; a tied quantized head is built from the
+    # embeddings in finish_loading
+    quantizable = True
 
     def __init__(self, config: ModelConfig, ops: Ops, max_position: int | None = None) -> None:
         self.config = config
@@ -128,58 +118,6 @@ class Ernie4_5ForCausalLM:
         self.lm_head = Linear(ops, c.hidden_size, c.vocab_size)  # [D, V]
         self.max_position = max_position or c.max_position_embeddings
         self.cos_sin = rope_cos_sin(c.head_dim, self.max_position, c.rope_theta)
-
-    def quantize_on_load(self, quantization: Any) -> None:
-        """Before loading: store linear weights quantized as the loader fills them.
-
-        ``quantization`` is a ``fd_core.quantization.QuantizationConfig``. The
-        decoder layers' linear layers (qkv, o, dense MLPs, shared experts) take
-        its dense method, routed experts its MoE method and the LM head its
-        LM-head method (None: fp32); embeddings, norms and the router gate
-        stay fp32. A tied LM head is quantized from the embeddings after loading.
-        """
-        if quantization.lm_head_method:
-            quantize_linear(self.lm_head, quantization.lm_head_method, quantization.group_size, "lm_head")
-        for i, layer in enumerate(self.layers):
-            p = f"layers.{i}."
-            dense = {"self_attn.qkv_proj": layer.self_attn.qkv_proj, "self_attn.o_proj": layer.self_attn.o_proj}
-            mlp = layer.mlp
-            if isinstance(mlp, MoE):
-                quantize_experts(mlp, quantization.moe_method, quantization.group_size, p + "mlp.experts")
-                if mlp.shared_experts is not None:
-                    dense["mlp.shared_experts.up_gate_proj"] = mlp.shared_experts.up_gate_proj
-                    dense["mlp.shared_experts.down_proj"] = mlp.shared_experts.down_proj
-            else:
-                dense["mlp.up_gate_proj"] = mlp.up_gate_proj
-                dense["mlp.down_proj"] = mlp.down_proj
-            for name, linear in dense.items():
-                quantize_linear(linear, quantization.dense_method, quantization.group_size, p + name)
-
-    def _resident_params(self) -> list[Param]:
-        params = list(self.parameters().values())
-        if self.config.tie_word_embeddings:
-            params.append(self.lm_head.weight)  # its own copy, [D, V]
-        return params
-
-    def weight_bytes(self, as_fp32: bool = False) -> int:
-        """Bytes the loaded weights hold in their storage dtype (quantized
-        ones: codes plus scales; a tied LM head counts its own copy);
-        ``as_fp32``: what they would hold unquantized in fp32."""
-        if as_fp32:
-            return sum(p.numel * 4 for p in self._resident_params())
-        return sum(self.weight_bytes_by_dtype().values())
-
-    def weight_bytes_by_dtype(self) -> dict[str, int]:
-        """Resident bytes by storage: ``{"bfloat16": ..., "float32": ...}``,
-        quantized weights under their method (``"wint8"``: codes + scales)."""
-        out: dict[str, int] = {}
-        for p in self._resident_params():
-            data = p.data
-            if data is None:
-                continue
-            key = data.method if isinstance(data, QuantizedWeight) else str(data.dtype).replace("paddle.", "")
-            out[key] = out.get(key, 0) + resident_bytes(data)
-        return out
 
     def finish_loading(self) -> None:
         """Called by the loader after every parameter is filled."""

@@ -21,10 +21,9 @@ from fd_core.layers.attention import KVCache
 from fd_core.layers.basic import Linear, RMSNorm
 from fd_core.layers.mlp import GatedMLP
 from fd_core.layers.param import Param
+from fd_core.models.base import Target
 from fd_core.models.config import ModelConfig
-from fd_core.models.ernie4_5 import Target
 from fd_core.ops.rope import rope_cos_sin
-from fd_core.quantization.weights import resident_bytes
 
 if TYPE_CHECKING:
     from fd_core.backends.base import Ops
@@ -121,15 +120,6 @@ class Qwen3ForCausalLM:
         """Called by the loader after every parameter is filled."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight.set(self.embed_tokens.data.t().contiguous())
-
-    def weight_bytes(self, as_fp32: bool = False) -> int:
-        """Bytes the loaded weights hold (a tied LM head counts its own copy)."""
-        params = list(self.parameters().values())
-        if self.config.tie_word_embeddings:
-            params.append(self.lm_head.weight)
-        if as_fp32:
-            return sum(p.numel * 4 for p in params)
-        return sum(resident_bytes(p.data) for p in params)
 
     def parameters(self) -> dict[str, Param]:
         """Every parameter the checkpoint must fill, by a readable name."""

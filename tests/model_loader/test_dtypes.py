@@ -7,6 +7,7 @@ import pytest
 
 from fd_core.engine.model_runner import ModelRunner
 from fd_core.layers.param import Param, cast_host
+from fd_core.model_loader.accounting import weight_bytes, weight_bytes_by_dtype
 from fd_core.model_loader.dtypes import checkpoint_dtype, resolve_weight_dtype
 from fd_core.model_loader.loader import CheckpointError, _place
 from fd_core.models.ernie4_5 import Target
@@ -68,10 +69,10 @@ def test_bf16_checkpoint_with_auto_or_float32_is_fp32_as_before(checkpoint_facto
         runs[dtype] = (runner, greedy_generate(runner, PROMPTS, 6))
     auto = runs["auto"][0]
     assert auto.dtype == "float32"  # the cpu reference declares no native 16-bit compute
-    assert auto.weight_bytes == auto.model.weight_bytes(as_fp32=True)
+    assert auto.weight_bytes == weight_bytes(auto.model, as_fp32=True)
     assert runs["auto"][1] == runs["float32"][1]
     bf16 = runs["bfloat16"][0]
-    by_dtype = bf16.model.weight_bytes_by_dtype()
+    by_dtype = weight_bytes_by_dtype(bf16.model)
     assert set(by_dtype) == {"bfloat16", "float32"}  # the router stays fp32
     assert by_dtype["float32"] < by_dtype["bfloat16"] / 50
     assert bf16.weight_bytes == sum(by_dtype.values()) < 0.51 * auto.weight_bytes + by_dtype["float32"]
@@ -93,7 +94,7 @@ def test_quantize_on_load_from_16_bit_weights(checkpoint_factory, cpu_backend, m
         runner = ModelRunner(model_dir, cpu_backend, num_blocks=16, block_size=16, quantization=quant, dtype=dtype)
         outs[dtype] = greedy_generate(runner, PROMPTS, 6)
         if dtype == "bfloat16":
-            stored = runner.model.weight_bytes_by_dtype()
+            stored = weight_bytes_by_dtype(runner.model)
             # (wint4 on ERNIE: wint8 dense layers, as FastDeploy; tiny-dense has no experts)
             assert set(stored) - {"bfloat16"} <= {"wint8", "wint4"} and len(stored) == 2
     assert outs["bfloat16"][0] == outs["float32"][0]

@@ -13,6 +13,7 @@ import pytest
 from fd_core import LLM, SamplingParams
 from fd_core.layers.mlp import MoE
 from fd_core.model_loader import load_model
+from fd_core.model_loader.accounting import weight_bytes
 from fd_core.ops.linear import QuantizedWeight
 from fd_core.quantization import parse_quantization, quantize_weight
 
@@ -57,7 +58,7 @@ def test_loading_quantizes_each_weight_like_quantize_weight(cpu_backend, checkpo
     # the LM head (tied or not) stays float by default, as in FastDeploy
     assert resolved.lm_head_method is None and quant.lm_head.quant is None
     np.testing.assert_array_equal(quant.lm_head.weight.data.numpy(), fp32.lm_head.weight.data.numpy())
-    assert quant.weight_bytes() < fp32.weight_bytes() == quant.weight_bytes(as_fp32=True)
+    assert weight_bytes(quant) < weight_bytes(fp32) == weight_bytes(quant, as_fp32=True)
 
 
 @pytest.mark.parametrize("shape,naming", [("tiny-dense", "paddle"), ("tiny-dense", "pytorch"),
@@ -111,7 +112,7 @@ def test_llm_runs_quantized(checkpoint_factory, shape, quantization):
     llm = LLM(str(checkpoint_factory(shape, "pytorch")), backend="cpu", quantization=quantization,
               max_model_len=128, num_gpu_blocks_override=32, block_size=16)
     runner = llm.engine.core.runner
-    assert 0 < runner.weight_bytes < runner.model.weight_bytes(as_fp32=True)
+    assert 0 < runner.weight_bytes < weight_bytes(runner.model, as_fp32=True)
     outs = llm.generate(["hello there", "the quick brown fox"], SamplingParams(max_tokens=6, **GREEDY),
                         use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 6 for o in outs)
@@ -133,12 +134,13 @@ SCRIPT = r"""
 import resource, sys
 from fd_core.backends import get_backend
 from fd_core.model_loader import load_model
+from fd_core.model_loader.accounting import weight_bytes
 from fd_core.quantization import parse_quantization
 backend = get_backend("cpu"); backend.set_device(0)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 model = load_model(sys.argv[1], backend.ops, quantization=parse_quantization(sys.argv[2]))
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print((peak - before) * 1024, model.weight_bytes(), model.weight_bytes(as_fp32=True))
+print((peak - before) * 1024, weight_bytes(model), weight_bytes(model, as_fp32=True))
 """
 
 
