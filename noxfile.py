@@ -40,7 +40,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     session.install("mypy", "-e", ".[cpu]")
-    session.run("mypy", "fd_core")
+    session.run("mypy", "fd_core", "backends/fd_x86/fd_x86", env={"MYPYPATH": "backends/fd_x86"})
 
 
 @nox.session

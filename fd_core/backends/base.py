@@ -8,15 +8,21 @@ it leaves.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import pluggy
 
-from fd_core.plugins.types import Availability, Capabilities, DeviceInfo, MemoryInfo
+from fd_core.plugins.types import (
+    Availability,
+    Capabilities,
+    Communicator,
+    DeviceInfo,
+    KVPool,
+    MemoryInfo,
+    Tensor,
+)
 
 __all__ = ["Backend", "Ops", "OpNotProvidedError"]
-
-Tensor = Any
 
 
 class OpNotProvidedError(NotImplementedError):
@@ -40,7 +46,16 @@ class Ops:
             )
         return result
 
-    def rms_norm(self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> Any:
+    @overload
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float, residual: None = None) -> Tensor: ...
+
+    @overload
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float, residual: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def rms_norm(
+        self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """``normed``, or ``(normed, x + residual)`` when ``residual`` is given."""
         return self._answer(
             "rms_norm", self._hook.fd_rms_norm(x=x, weight=weight, eps=eps, residual=residual)
         )
@@ -66,7 +81,7 @@ class Ops:
 
     def rope_and_write_kv_cache(
         self, qkv: Tensor, positions: Tensor, cos_sin: Tensor, interleaved: bool, num_heads: int,
-        num_kv_heads: int, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+        num_kv_heads: int, k_cache: KVPool, v_cache: KVPool, slot_mapping: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Split ``qkv``, rotate q and k, store k and v: the backend's fused
         kernel when it has one, else the unfused hooks (see the hookspec)."""
@@ -92,7 +107,7 @@ class Ops:
 
     def decoder_layers(
         self, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
-        k_caches: list[Tensor], v_caches: list[Tensor],
+        k_caches: list[KVPool], v_caches: list[KVPool],
     ) -> tuple[Tensor, Tensor]:
         """A run of dense decoder layers -> ``(hidden, residual)``: the
         backend's fused kernel when it answers, else the unfused hooks layer
@@ -111,7 +126,7 @@ class Ops:
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str,
         location: str = "device",
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[KVPool, KVPool]:
         return self._answer(  # type: ignore[no-any-return]
             "allocate_kv_cache",
             self._hook.fd_allocate_kv_cache(
@@ -121,7 +136,7 @@ class Ops:
         )
 
     def copy_kv_blocks(
-        self, src_cache: Tensor, dst_cache: Tensor, src_blocks: list[int], dst_blocks: list[int],
+        self, src_cache: KVPool, dst_cache: KVPool, src_blocks: list[int], dst_blocks: list[int],
         block_size: int,
     ) -> None:
         self._answer(
@@ -132,7 +147,7 @@ class Ops:
             ),
         )
 
-    def write_kv_cache(self, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+    def write_kv_cache(self, k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, slot_mapping: Tensor) -> None:
         self._answer(
             "write_kv_cache",
             self._hook.fd_write_kv_cache(
@@ -141,7 +156,7 @@ class Ops:
         )
 
     def prefill_attention(
-        self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, metadata: Any, scale: float
+        self, q: Tensor, k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, metadata: Any, scale: float
     ) -> Tensor:
         return self._answer(
             "prefill_attention",
@@ -150,7 +165,7 @@ class Ops:
             ),
         )
 
-    def decode_attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, metadata: Any, scale: float) -> Tensor:
+    def decode_attention(self, q: Tensor, k_cache: KVPool, v_cache: KVPool, metadata: Any, scale: float) -> Tensor:
         return self._answer(
             "decode_attention",
             self._hook.fd_decode_attention(
@@ -179,8 +194,8 @@ class Ops:
         x: Tensor,
         topk_weights: Tensor,
         topk_ids: Tensor,
-        up_gate_weights: Tensor,
-        down_weights: Tensor,
+        up_gate_weights: Tensor | None,
+        down_weights: Tensor | None,
         quant: Any = None,
     ) -> Tensor:
         return self._answer(
@@ -210,7 +225,7 @@ class Ops:
             method,
         )
 
-    def communicator(self, world_size: int, rank: int, group: Any = None) -> Any:
+    def communicator(self, world_size: int, rank: int, group: Any = None) -> Communicator:
         return self._answer(
             "communicator",
             self._hook.fd_communicator(world_size=world_size, rank=rank, group=group),

@@ -16,7 +16,15 @@ from typing import Any
 
 from fd_core import envs
 from fd_core.plugins import API_VERSION, hookimpl
-from fd_core.plugins.types import Availability, Capabilities, DeviceInfo, MemoryInfo
+from fd_core.plugins.types import (
+    Availability,
+    Capabilities,
+    Communicator,
+    DeviceInfo,
+    KVPool,
+    MemoryInfo,
+    Tensor,
+)
 
 FD_API_VERSION = API_VERSION
 
@@ -115,28 +123,32 @@ def fd_set_device(device_id: int) -> str:
 
 
 @impl
-def fd_rms_norm(x: Any, weight: Any, eps: float, residual: Any) -> Any:
+def fd_rms_norm(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None
+) -> Tensor | tuple[Tensor, Tensor]:
     from fd_core.ops.norm import reference_rms_norm
 
     return reference_rms_norm(x, weight, eps, residual)
 
 
 @impl
-def fd_rotary_embedding(q: Any, k: Any, positions: Any, cos_sin: Any, interleaved: bool) -> Any:
+def fd_rotary_embedding(
+    q: Tensor, k: Tensor, positions: Tensor, cos_sin: Tensor, interleaved: bool
+) -> tuple[Tensor, Tensor]:
     from fd_core.ops.rope import reference_rotary_embedding
 
     return reference_rotary_embedding(q, k, positions, cos_sin, interleaved)
 
 
 @impl
-def fd_silu_and_mul(x: Any) -> Any:
+def fd_silu_and_mul(x: Tensor) -> Tensor:
     from fd_core.ops.activation import reference_silu_and_mul
 
     return reference_silu_and_mul(x)
 
 
 @impl
-def fd_linear(x: Any, weight: Any, bias: Any, quant: Any) -> Any:
+def fd_linear(x: Tensor, weight: Tensor | None, bias: Tensor | None, quant: Any) -> Tensor:
     if quant is None:
         from fd_core.ops.linear import reference_linear
 
@@ -149,7 +161,7 @@ def fd_linear(x: Any, weight: Any, bias: Any, quant: Any) -> Any:
 @impl
 def fd_allocate_kv_cache(
     num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str, location: str
-) -> Any:
+) -> tuple[KVPool, KVPool]:
     from fd_core.ops.attention import reference_allocate_kv_cache
 
     return reference_allocate_kv_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype, location)
@@ -157,29 +169,31 @@ def fd_allocate_kv_cache(
 
 @impl
 def fd_copy_kv_blocks(
-    src_cache: Any, dst_cache: Any, src_blocks: list[int], dst_blocks: list[int], block_size: int
-) -> Any:
+    src_cache: KVPool, dst_cache: KVPool, src_blocks: list[int], dst_blocks: list[int], block_size: int
+) -> bool:
     from fd_core.ops.attention import reference_copy_kv_blocks
 
     return reference_copy_kv_blocks(src_cache, dst_cache, src_blocks, dst_blocks, block_size)
 
 
 @impl
-def fd_write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
+def fd_write_kv_cache(k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, slot_mapping: Tensor) -> bool:
     from fd_core.ops.attention import reference_write_kv_cache
 
     return reference_write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
 
 
 @impl
-def fd_prefill_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, metadata: Any, scale: float) -> Any:
+def fd_prefill_attention(
+    q: Tensor, k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, metadata: Any, scale: float
+) -> Tensor:
     from fd_core.ops.attention import reference_prefill_attention
 
     return reference_prefill_attention(q, k, v, k_cache, v_cache, metadata, scale)
 
 
 @impl
-def fd_decode_attention(q: Any, k_cache: Any, v_cache: Any, metadata: Any, scale: float) -> Any:
+def fd_decode_attention(q: Tensor, k_cache: KVPool, v_cache: KVPool, metadata: Any, scale: float) -> Tensor:
     from fd_core.ops.attention import reference_decode_attention
 
     return reference_decode_attention(q, k_cache, v_cache, metadata, scale)
@@ -187,8 +201,8 @@ def fd_decode_attention(q: Any, k_cache: Any, v_cache: Any, metadata: Any, scale
 
 @impl
 def fd_moe_select_experts(
-    router_logits: Any, top_k: int, correction_bias: Any, renormalize: bool, norm_min: float
-) -> Any:
+    router_logits: Tensor, top_k: int, correction_bias: Tensor | None, renormalize: bool, norm_min: float
+) -> tuple[Tensor, Tensor]:
     from fd_core.ops.moe import reference_moe_select_experts
 
     return reference_moe_select_experts(router_logits, top_k, correction_bias, renormalize, norm_min)
@@ -196,8 +210,9 @@ def fd_moe_select_experts(
 
 @impl
 def fd_moe_experts(
-    x: Any, topk_weights: Any, topk_ids: Any, up_gate_weights: Any, down_weights: Any, quant: Any
-) -> Any:
+    x: Tensor, topk_weights: Tensor, topk_ids: Tensor, up_gate_weights: Tensor | None,
+    down_weights: Tensor | None, quant: Any,
+) -> Tensor:
     if quant is None:
         from fd_core.ops.moe import reference_moe_experts
 
@@ -209,15 +224,16 @@ def fd_moe_experts(
 
 @impl
 def fd_sample(
-    logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any, uniforms: Any, method: str
-) -> Any:
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, uniforms: Tensor,
+    method: str,
+) -> Tensor | None:
     from fd_core.ops.sampling import reference_sample
 
     return reference_sample(logits, temperature, top_k, top_p, min_p, uniforms, method)
 
 
 @impl
-def fd_communicator(world_size: int, rank: int, group: Any) -> Any:
+def fd_communicator(world_size: int, rank: int, group: Any) -> Communicator:
     from fd_core.ops.collectives import Communicator
 
     return Communicator(world_size, rank, group)

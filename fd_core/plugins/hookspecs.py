@@ -13,18 +13,33 @@ Implementations may accept a subset of a hook's arguments (pluggy passes
 only the names they declare), so hooks can grow new arguments without
 breaking plugins. Hooks are always called with keyword arguments.
 
-Tensor conventions: paddle Tensors; a step's tokens are flattened to
+Tensor conventions: paddle Tensors (typed as the ``Tensor`` protocol of
+``fd_core.plugins.types``; a KV cache as ``KVPool``); a step's tokens are flattened to
 ``[T, ...]`` (T = new tokens in the step across all requests); ``H``/``Hkv``
 are query/KV heads, ``Dh`` the head size, ``D`` the hidden size.
 A plugin declares ``FD_API_VERSION = API_VERSION`` at module level; a plugin
 built for another major version is refused with a message saying so.
 """
 
+# Hookspec bodies are never run (pluggy reads only their signatures), so a
+# spec that promises a non-None result has no return statement.
+# mypy: disable-error-code="empty-body"
+
 from __future__ import annotations
 
 from typing import Any
 
 import pluggy
+
+from fd_core.plugins.types import (
+    Availability,
+    Capabilities,
+    Communicator,
+    DeviceInfo,
+    KVPool,
+    MemoryInfo,
+    Tensor,
+)
 
 __all__ = ["API_VERSION", "PROJECT_NAME", "hookimpl", "hookspec"]
 
@@ -35,14 +50,11 @@ API_VERSION = 1
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
-Tensor = Any  # paddle.Tensor; not imported so the API loads without paddle
-
-
 # ---------------------------------------------------------------- device
 
 
 @hookspec(firstresult=True)
-def fd_device_info() -> Any:
+def fd_device_info() -> DeviceInfo:
     """Describe the device this backend drives.
 
     Called by the registry when backends are discovered and listed, before
@@ -53,7 +65,7 @@ def fd_device_info() -> Any:
 
 
 @hookspec(firstresult=True)
-def fd_device_availability() -> Any:
+def fd_device_availability() -> Availability:
     """Say whether this backend can run on this machine, and why not.
 
     Called by the listing and by ``--backend auto``. Must be free of side
@@ -64,7 +76,7 @@ def fd_device_availability() -> Any:
 
 
 @hookspec(firstresult=True)
-def fd_device_memory(device_id: int) -> Any:
+def fd_device_memory(device_id: int) -> MemoryInfo:
     """Report total and free memory of device ``device_id`` (local index).
 
     Called once by the engine when it sizes the KV cache, after the model
@@ -73,7 +85,7 @@ def fd_device_memory(device_id: int) -> Any:
 
 
 @hookspec(firstresult=True)
-def fd_device_capabilities() -> Any:
+def fd_device_capabilities() -> Capabilities:
     """Report optional features: graph capture, fp8, bf16, supported
     quantization methods and KV-cache dtypes.
 
@@ -83,7 +95,7 @@ def fd_device_capabilities() -> Any:
 
 
 @hookspec(firstresult=True)
-def fd_set_device(device_id: int) -> Any:
+def fd_set_device(device_id: int) -> str:
     """Make ``device_id`` the current device of this process.
 
     Called once per worker process before the model is built. Returns
@@ -95,7 +107,9 @@ def fd_set_device(device_id: int) -> Any:
 
 
 @hookspec(firstresult=True)
-def fd_rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None) -> Any:
+def fd_rms_norm(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None
+) -> Tensor | tuple[Tensor, Tensor] | None:
     """RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps) * weight``.
 
     Called by every norm layer, once per layer per step, with ``x [T, D]``.
@@ -108,7 +122,7 @@ def fd_rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None) 
 @hookspec(firstresult=True)
 def fd_rotary_embedding(
     q: Tensor, k: Tensor, positions: Tensor, cos_sin: Tensor, interleaved: bool
-) -> Any:
+) -> tuple[Tensor, Tensor] | None:
     """Rotate ``q [T, H, Dh]`` and ``k [T, Hkv, Dh]`` by their positions.
 
     Called by attention layers each step. ``positions [T]`` int64;
@@ -120,7 +134,7 @@ def fd_rotary_embedding(
 
 
 @hookspec(firstresult=True)
-def fd_silu_and_mul(x: Tensor) -> Any:
+def fd_silu_and_mul(x: Tensor) -> Tensor | None:
     """``silu(gate) * up`` for ``x [T, 2*I] = [gate | up]``; returns ``[T, I]``.
 
     Called by every MLP and expert FFN. Stops at the first non-None result.
@@ -128,7 +142,7 @@ def fd_silu_and_mul(x: Tensor) -> Any:
 
 
 @hookspec(firstresult=True)
-def fd_linear(x: Tensor, weight: Tensor, bias: Tensor | None, quant: Any) -> Any:
+def fd_linear(x: Tensor, weight: Tensor | None, bias: Tensor | None, quant: Any) -> Tensor | None:
     """``x [T, in] @ W + bias`` for one linear layer.
 
     Called by every linear layer each step. ``quant`` is None for an
@@ -142,7 +156,7 @@ def fd_linear(x: Tensor, weight: Tensor, bias: Tensor | None, quant: Any) -> Any
 @hookspec(firstresult=True)
 def fd_allocate_kv_cache(
     num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str, location: str
-) -> Any:
+) -> tuple[KVPool, KVPool] | None:
     """Allocate one layer's paged K and V cache; returns ``(k_cache, v_cache)``.
 
     Called by the model runner once per attention layer at start-up, with
@@ -157,8 +171,8 @@ def fd_allocate_kv_cache(
 
 @hookspec(firstresult=True)
 def fd_copy_kv_blocks(
-    src_cache: Tensor, dst_cache: Tensor, src_blocks: list[int], dst_blocks: list[int], block_size: int
-) -> Any:
+    src_cache: KVPool, dst_cache: KVPool, src_blocks: list[int], dst_blocks: list[int], block_size: int
+) -> bool | None:
     """Copy whole blocks ``src_cache[src_blocks[i]] -> dst_cache[dst_blocks[i]]``.
 
     Called by the model runner before a step's forward for the scheduler's
@@ -169,8 +183,8 @@ def fd_copy_kv_blocks(
 
 @hookspec(firstresult=True)
 def fd_write_kv_cache(
-    k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
-) -> Any:
+    k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, slot_mapping: Tensor
+) -> bool | None:
     """Store the step's new ``k, v [T, Hkv, Dh]`` into their cache slots.
 
     Called by each attention layer before attention. ``slot_mapping [T]``
@@ -187,10 +201,10 @@ def fd_rope_and_write_kv_cache(
     interleaved: bool,
     num_heads: int,
     num_kv_heads: int,
-    k_cache: Tensor,
-    v_cache: Tensor,
+    k_cache: KVPool,
+    v_cache: KVPool,
     slot_mapping: Tensor,
-) -> Any:
+) -> tuple[Tensor, Tensor, Tensor] | None:
     """Optional fusion of an attention layer's steps between the QKV
     projection and attention: split, rotate, store.
 
@@ -208,14 +222,14 @@ def fd_rope_and_write_kv_cache(
 
 @hookspec(firstresult=True)
 def fd_decoder_layers(
-    layers: Any,
+    layers: list[Any],
     hidden: Tensor,
     residual: Tensor | None,
     cos_sin: Tensor,
     metadata: Any,
-    k_caches: Any,
-    v_caches: Any,
-) -> Any:
+    k_caches: list[KVPool],
+    v_caches: list[KVPool],
+) -> tuple[Tensor, Tensor] | None:
     """Optional fusion of a run of consecutive dense decoder layers (each:
     norm, attention block, norm, gated MLP) into one call.
 
@@ -238,11 +252,11 @@ def fd_prefill_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
+    k_cache: KVPool,
+    v_cache: KVPool,
     metadata: Any,
     scale: float,
-) -> Any:
+) -> Tensor | None:
     """Causal attention for the prefill part of a step, over the paged cache.
 
     Called by each attention layer when the step has prefill tokens, after
@@ -259,8 +273,8 @@ def fd_prefill_attention(
 
 @hookspec(firstresult=True)
 def fd_decode_attention(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, metadata: Any, scale: float
-) -> Any:
+    q: Tensor, k_cache: KVPool, v_cache: KVPool, metadata: Any, scale: float
+) -> Tensor | None:
     """Attention of one new token per request over its paged cache.
 
     Called by each attention layer when the step has decode requests (the
@@ -277,7 +291,7 @@ def fd_moe_select_experts(
     correction_bias: Tensor | None,
     renormalize: bool,
     norm_min: float,
-) -> Any:
+) -> tuple[Tensor, Tensor] | None:
     """Route each token to ``top_k`` experts.
 
     Called by MoE layers each step with ``router_logits [T, E]`` (fp32).
@@ -294,17 +308,18 @@ def fd_moe_experts(
     x: Tensor,
     topk_weights: Tensor,
     topk_ids: Tensor,
-    up_gate_weights: Tensor,
-    down_weights: Tensor,
+    up_gate_weights: Tensor | None,
+    down_weights: Tensor | None,
     quant: Any,
-) -> Any:
+) -> Tensor | None:
     """The routed experts' FFN: ``sum_k w[t,k] * FFN_{ids[t,k]}(x[t])``.
 
     Called by MoE layers each step. ``x [T, D]``; unquantized weights are
     ``up_gate_weights [E, D, 2*I]`` (``[gate | up]``) and
     ``down_weights [E, I, D]``; ``FFN_e(x) = silu_and_mul(x @ up_gate[e]) @
     down[e]``. Experts may receive any number of tokens, including none.
-    ``quant`` is None or a per-expert ``QuantizedWeight`` pair. Returns
+    ``quant`` is None or a per-expert ``QuantizedWeight`` pair (then both
+    weight arguments are None). Returns
     ``[T, D]``. Shared experts are not included: MoE layers run them as a
     dense MLP through ``fd_linear`` and add them to this result.
     """
@@ -319,7 +334,7 @@ def fd_sample(
     min_p: Tensor,
     uniforms: Tensor,
     method: str,
-) -> Any:
+) -> Tensor | None:
     """Draw one token per row of ``logits [B, V]`` (fp32, penalties applied).
 
     Called by the sampler once per step. Per row: ``temperature [B]`` (0 means
@@ -334,7 +349,7 @@ def fd_sample(
 
 
 @hookspec(firstresult=True)
-def fd_communicator(world_size: int, rank: int, group: Any) -> Any:
+def fd_communicator(world_size: int, rank: int, group: Any) -> Communicator | None:
     """Return the collective communicator for tensor/expert parallelism.
 
     Called once per worker process after the process group is initialised.

@@ -1,14 +1,76 @@
-"""Plain data a backend hands to the core: what the device is and can do.
+"""The types of the plugin API: what hooks take and return.
 
-No tensor library is imported here; the listing command and the scheduler
-read these without loading paddle.
+Plain data a backend hands to the core (what the device is and can do) and
+the types of the kernel hooks' tensors, KV pools and communicators. No
+tensor library is imported here; the listing command and the scheduler read
+these without loading paddle.
+
+``Tensor`` is ``paddle.Tensor`` for the type checker (paddle ships
+inline types, ``py.typed``) and only a name at run time: this package never
+imports paddle, so the listing command and the API process stay
+paddle-free, yet mypy checks hook implementations against paddle's own
+signatures (a numpy array is not a ``Tensor``). KV pools and communicators
+are ``Protocol``s: what the core relies on, whatever class a backend uses.
+``tests/plugins/test_typed_contract.py`` checks every backend's hook
+implementations against the hookspecs with mypy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-__all__ = ["Availability", "Capabilities", "DeviceInfo", "MemoryInfo"]
+if TYPE_CHECKING:
+    from paddle import Tensor
+else:
+    Tensor = Any  # a name only: importing paddle here would load it in paddle-free processes
+
+__all__ = [
+    "Availability",
+    "Capabilities",
+    "Communicator",
+    "DeviceInfo",
+    "KVPool",
+    "MemoryInfo",
+    "QuantizedPool",
+    "Tensor",
+]
+
+
+class QuantizedPool(Protocol):
+    """A KV pool in an 8-bit dtype (``fd_core.ops.kv_storage.QuantizedKV``
+    satisfies it): ``codes [S, Hkv, Dh]`` int8 (or uint8 fp8 e4m3fn bit
+    patterns) and fp32 ``scales [S, Hkv]``; see ``fd_core.ops.kv_dtype``."""
+
+    @property
+    def codes(self) -> Tensor: ...
+
+    @property
+    def scales(self) -> Tensor: ...
+
+    @property
+    def kv_dtype(self) -> str: ...  # "int8" or "fp8"
+
+    @property
+    def shape(self) -> Sequence[int]: ...  # the codes' shape
+
+
+# One layer's K (or V) cache as ``fd_allocate_kv_cache`` returns it: a tensor
+# in the backend's own layout (the reference: ``[S, Hkv, Dh]`` fp32 / bf16 /
+# fp16) or a quantized pool. Only the backend's own kernels look inside.
+KVPool: TypeAlias = Tensor | QuantizedPool
+
+
+class Communicator(Protocol):
+    """Collectives for tensor / expert parallelism (``fd_communicator``);
+    ``fd_core.ops.collectives.Communicator`` is the reference."""
+
+    def all_reduce(self, x: Tensor, /) -> Tensor: ...  # sum over ranks -> the reduced tensor
+
+    def all_gather(self, x: Tensor, /, axis: int = -1) -> Tensor: ...  # concat along axis, rank order
+
+    def all_to_all(self, x: Tensor, /) -> Tensor: ...  # chunk r of every rank -> rank r
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ are built on first use (``fd_x86.build``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fd_core.backends import cpu as reference
 from fd_core.plugins import API_VERSION, hookimpl
-from fd_core.plugins.types import Availability, Capabilities, DeviceInfo, MemoryInfo
+from fd_core.plugins.types import Availability, Capabilities, DeviceInfo, KVPool, MemoryInfo, Tensor
 from fd_x86 import build
 from fd_x86.cpu import choose_kernels
 
@@ -96,7 +96,7 @@ def fd_set_device(device_id: int) -> str:
 
 
 @hookimpl
-def fd_linear(x: Any, weight: Any, bias: Any, quant: Any) -> Any:
+def fd_linear(x: Tensor, weight: Tensor | None, bias: Tensor | None, quant: Any) -> Tensor | None:
     """``x @ W + bias`` for wint8 / wint4 / w8a8 weights; None otherwise
     (the reference answers), or when the ops cannot be built (logged once)."""
     from fd_x86.linear import METHODS, quantized_linear
@@ -133,28 +133,29 @@ def _fp32_pools(*caches: Any) -> bool:
 
 
 @hookimpl
-def fd_rms_norm(x: Any, weight: Any, eps: float, residual: Any) -> Any:
+def fd_rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None) -> Tensor | tuple[Tensor, Tensor] | None:
     from fd_x86 import ops
 
     return _native(ops.rms_norm, x, weight, eps, residual)
 
 
 @hookimpl
-def fd_silu_and_mul(x: Any) -> Any:
+def fd_silu_and_mul(x: Tensor) -> Tensor | None:
     from fd_x86 import ops
 
     return _native(ops.silu_and_mul, x)
 
 
 @hookimpl
-def fd_rotary_embedding(q: Any, k: Any, positions: Any, cos_sin: Any, interleaved: bool) -> Any:
+def fd_rotary_embedding(q: Tensor, k: Tensor, positions: Tensor, cos_sin: Tensor,
+                        interleaved: bool) -> tuple[Tensor, Tensor] | None:
     from fd_x86 import ops
 
     return _native(ops.rotary_embedding, q, k, positions, cos_sin, interleaved)
 
 
 @hookimpl
-def fd_write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
+def fd_write_kv_cache(k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, slot_mapping: Tensor) -> bool | None:
     if not _fp32_pools(k_cache, v_cache):
         return None
     from fd_x86 import ops
@@ -163,7 +164,7 @@ def fd_write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: 
 
 
 @hookimpl
-def fd_decode_attention(q: Any, k_cache: Any, v_cache: Any, metadata: Any, scale: float) -> Any:
+def fd_decode_attention(q: Tensor, k_cache: KVPool, v_cache: KVPool, metadata: Any, scale: float) -> Tensor | None:
     if not _fp32_pools(k_cache, v_cache):
         return None
     from fd_x86 import ops
@@ -172,7 +173,8 @@ def fd_decode_attention(q: Any, k_cache: Any, v_cache: Any, metadata: Any, scale
 
 
 @hookimpl
-def fd_prefill_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, metadata: Any, scale: float) -> Any:
+def fd_prefill_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, metadata: Any,
+                         scale: float) -> Tensor | None:
     if not _fp32_pools(k_cache, v_cache):
         return None
     from fd_x86 import ops
@@ -181,8 +183,9 @@ def fd_prefill_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, met
 
 
 @hookimpl
-def fd_rope_and_write_kv_cache(qkv: Any, positions: Any, cos_sin: Any, interleaved: bool, num_heads: int,
-                               num_kv_heads: int, k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
+def fd_rope_and_write_kv_cache(qkv: Tensor, positions: Tensor, cos_sin: Tensor, interleaved: bool, num_heads: int,
+                               num_kv_heads: int, k_cache: KVPool, v_cache: KVPool,
+                               slot_mapping: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
     if not _fp32_pools(k_cache, v_cache):
         return None
     from fd_x86 import ops
@@ -192,8 +195,9 @@ def fd_rope_and_write_kv_cache(qkv: Any, positions: Any, cos_sin: Any, interleav
 
 
 @hookimpl
-def fd_decoder_layers(layers: Any, hidden: Any, residual: Any, cos_sin: Any, metadata: Any, k_caches: Any,
-                      v_caches: Any) -> Any:
+def fd_decoder_layers(layers: Sequence[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor,
+                      metadata: Any, k_caches: Sequence[KVPool],
+                      v_caches: Sequence[KVPool]) -> tuple[Tensor, Tensor] | None:
     if not _fp32_pools(*k_caches, *v_caches):
         return None
     from fd_x86.layer import decoder_layers
@@ -202,8 +206,8 @@ def fd_decoder_layers(layers: Any, hidden: Any, residual: Any, cos_sin: Any, met
 
 
 @hookimpl
-def fd_moe_experts(x: Any, topk_weights: Any, topk_ids: Any, up_gate_weights: Any, down_weights: Any,
-                   quant: Any) -> Any:
+def fd_moe_experts(x: Tensor, topk_weights: Tensor, topk_ids: Tensor, up_gate_weights: Tensor | None,
+                   down_weights: Tensor | None, quant: Any) -> Tensor | None:
     if quant is None:  # unquantized experts: the reference's paddle matmuls
         return None
     from fd_x86.moe import moe_experts

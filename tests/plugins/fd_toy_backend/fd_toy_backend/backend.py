@@ -7,10 +7,8 @@ fd-core's CPU reference, because this module does not implement it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fd_core.plugins import API_VERSION, hookimpl
-from fd_core.plugins.types import Availability, Capabilities, DeviceInfo, MemoryInfo
+from fd_core.plugins.types import Availability, Capabilities, DeviceInfo, MemoryInfo, Tensor
 
 FD_API_VERSION = API_VERSION
 
@@ -54,7 +52,7 @@ def fd_set_device(device_id: int) -> str:
 
 
 @hookimpl
-def fd_silu_and_mul(x: Any) -> Any:
+def fd_silu_and_mul(x: Tensor) -> Tensor:
     """``x [T, 2*I] = [gate | up]`` -> ``gate * sigmoid(gate) * up`` ``[T, I]``."""
     import paddle
 
