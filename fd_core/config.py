@@ -212,13 +212,19 @@ class EngineArgs:
 
 
 def kv_cache_blocks(
-    args: EngineArgs, bytes_per_block: int, device_type: str, total_bytes: int, free_bytes: int
+    args: EngineArgs, bytes_per_block: int, device_type: str, total_bytes: int, free_bytes: int,
+    activation_bytes: int = 0,
 ) -> int:
     """How many KV blocks to allocate (block 0, the null block, included).
 
+    ``total_bytes`` / ``free_bytes``: the device's memory once the weights are
+    loaded; ``activation_bytes``: the peak the engine's profiling step (the
+    largest step the scheduler can issue) took beyond that, which every
+    budget below leaves free.
+
     ``--num-gpu-blocks-override`` wins. On accelerators the cache gets
-    ``total * gpu_memory_utilization`` minus what is already in use (model
-    weights included).
+    ``total * gpu_memory_utilization`` minus what is in use (model weights
+    included) minus the profiling step's peak.
 
     On the CPU backend the cache is host memory shared with everything else,
     so it takes what the model needs, not all it could: room for
@@ -227,8 +233,7 @@ def kv_cache_blocks(
     with prefix caching (freed prefixes then survive while a full batch of
     full-length requests runs), plus the null block. That is capped by the
     budget: ``min(gpu_memory_utilization, CPU_KV_SHARE)`` of the host memory
-    free once the weights are loaded (the engine sizes the cache after
-    loading), and
+    free once the weights are loaded, less the profiling step's peak, and
     ``FD_CPU_KVCACHE_SPACE`` GiB when set (unset = no cap beyond the first).
     Under the cap the scheduler preempts when blocks run out. A budget that
     cannot hold one ``max_model_len`` sequence raises ``ValueError`` naming
@@ -237,11 +242,14 @@ def kv_cache_blocks(
     if args.num_gpu_blocks_override is not None:
         return args.num_gpu_blocks_override
     if device_type != "cpu":
-        budget = int(total_bytes * args.gpu_memory_utilization) - (total_bytes - free_bytes)
+        budget = int(total_bytes * args.gpu_memory_utilization) - (total_bytes - free_bytes) - activation_bytes
         blocks = budget // bytes_per_block
         if blocks < 2:
             raise ValueError(
-                f"no memory left for the KV cache: budget {budget / GIB:.2f} GiB, one block needs "
+                f"no memory left for the KV cache: budget {budget / GIB:.2f} GiB "
+                f"({args.gpu_memory_utilization:g} of {total_bytes / GIB:.2f} GiB, less "
+                f"{(total_bytes - free_bytes) / GIB:.2f} GiB in use and a "
+                f"{activation_bytes / GIB:.2f} GiB step peak), one block needs "
                 f"{bytes_per_block / (1 << 20):.1f} MiB; raise --gpu-memory-utilization, "
                 "or set --num-gpu-blocks-override"
             )
@@ -250,14 +258,18 @@ def kv_cache_blocks(
     need = per_seq * args.max_num_seqs
     wanted = (-(-need * 5 // 4) if args.enable_prefix_caching else need) + 1  # + the null block
     share = min(args.gpu_memory_utilization, CPU_KV_SHARE)
-    budget = int(free_bytes * share)
+    budget = int(free_bytes * share) - activation_bytes
     limit = (f"--gpu-memory-utilization {args.gpu_memory_utilization} of {free_bytes / GIB:.2f} GiB free"
              if share == args.gpu_memory_utilization else
              f"{CPU_KV_SHARE:g} of the {free_bytes / GIB:.2f} GiB of host memory free after the weights")
+    if activation_bytes:
+        limit += (f", less the {activation_bytes / GIB:.2f} GiB peak of the largest step, which "
+                  "--max-num-batched-tokens and --max-num-seqs bound")
     space = envs.get("FD_CPU_KVCACHE_SPACE")  # GiB, or None: size to need
     if space is not None and space * GIB < budget:
         budget = int(space * GIB)
         limit = f"FD_CPU_KVCACHE_SPACE {space:g} GiB"
+    budget = max(0, budget)
     blocks = budget // bytes_per_block
     if blocks < per_seq + 1:
         raise ValueError(

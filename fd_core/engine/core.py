@@ -59,6 +59,12 @@ def _position_logprobs(entry: Logprobs) -> PositionLogprobs:
     return out
 
 
+def profiles_steps(device_type: str) -> bool:
+    """Whether start-up measures the largest step's peak before sizing the KV pool:
+    on accelerators, whose pool takes what the device has left (not on "cpu")."""
+    return device_type != "cpu"
+
+
 class EngineCore:
     """Owns the model, the KV cache, the scheduler and the sampler."""
 
@@ -97,9 +103,15 @@ class EngineCore:
         kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, args.quantization, self.backend.name, kv_dtypes,
                                           self.runner.dtype)
         per_block = ModelRunner.kv_bytes_per_block(model_config, args.block_size, kv_dtype)
-        memory = self.backend.memory(0)
+        memory = self.backend.memory(0)  # what the loaded weights left
+        # on an accelerator the warm-up is the largest step the scheduler can issue, on a one-block
+        # pool; its peak (activations, logits, attention workspaces) stays free beside the pool sized
+        # from the rest. The CPU pool is sized by need under half the free host memory, which leaves
+        # far more than a step's peak: profiling there would only cost start-up (11-25 s for the 0.3B)
+        profiled = args.num_gpu_blocks_override is None and profiles_steps(self.backend.info.device_type)
+        step_peak = self._profile(args, kv_dtype) if profiled else 0
         num_blocks = kv_cache_blocks(args, per_block, self.backend.info.device_type,
-                                     memory.total_bytes, memory.free_bytes)
+                                     memory.total_bytes, memory.free_bytes, step_peak)
         num_host_blocks = host_swap_blocks(
             args.swap_space, per_block, host_available_bytes(),
             num_blocks * per_block if self.backend.info.device_type == "cpu" else 0)
@@ -121,7 +133,8 @@ class EngineCore:
             max_long_partial_prefills=args.max_long_partial_prefills,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config)
-        self.runner.warmup()
+        if not profiled:
+            self.runner.warmup()
         self.sampler = Sampler(self.backend.ops, model_config.vocab_size,
                                logits_processors=processors, early_stop=early_stop)
         self._num_unseeded = 0  # unseeded requests so far: k of default_seed(args.seed, k)
@@ -134,6 +147,15 @@ class EngineCore:
             self.backend.name, num_blocks, args.block_size, num_blocks * args.block_size, kv_dtype,
             num_blocks * per_block / GIB, num_host_blocks,
         )
+
+    def _profile(self, args: EngineArgs, kv_dtype: str) -> int:
+        """Run the profiling warm-up; its peak memory in bytes."""
+        start = time.perf_counter()
+        peak = self.runner.profile_run(args.batched_tokens, args.max_num_seqs, kv_dtype)
+        logger.info("profiling step (%d batched tokens, %d decode rows of %d tokens): peak %.1f MiB in %.2f s",
+                    args.batched_tokens, min(args.max_num_seqs, args.batched_tokens), args.max_model_len,
+                    peak / (1 << 20), time.perf_counter() - start)
+        return peak
 
     # ---------------------------------------------------------- requests
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from fd_core._paddle import import_paddle
 from fd_core.backends.base import Backend
+from fd_core.engine.memory_profile import largest_steps, measure_peak_bytes
 from fd_core.layers.attention import KVCache
 from fd_core.model_loader.accounting import weight_bytes
 from fd_core.model_loader.dtypes import checkpoint_dtype, resolve_weight_dtype
@@ -135,6 +136,26 @@ class ModelRunner:
         n = max(1, min(self.block_size, 16, self.max_model_len - 1))
         self.execute(StepInput([[0] * n], [n], [[0]], 0, [True]))
         self.execute(StepInput([[0]], [n], [[0]], 1, [True]))
+
+    def profile_run(self, max_num_batched_tokens: int, max_num_seqs: int, kv_cache_dtype: str | None = None,
+                    device_id: int = 0) -> int:
+        """Warm up with the largest steps the scheduler can issue and return
+        their peak memory in bytes beyond what was in use before (activations,
+        logits, attention workspaces), so the engine can size the KV pool from
+        what is left. Runs before the pool exists, on a one-block pool (every
+        block table is block 0, the null block) that is freed afterwards: the
+        steps write nothing a request can read. Leaves no KV cache allocated."""
+        steps = largest_steps(max_num_batched_tokens, max_num_seqs, self.max_model_len, self.block_size)
+
+        def run() -> None:
+            for token_ids, seq_lens, tables, num_decodes in steps:
+                self.execute(StepInput(token_ids, seq_lens, tables, num_decodes))
+
+        self.allocate_kv_cache(1, 0, kv_cache_dtype)
+        try:
+            return measure_peak_bytes(run, self.backend.info.device_type, self.backend, device_id)
+        finally:
+            self.kv_caches, self.host_caches, self.num_blocks = [], [], 0
 
     def apply_swaps(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Copy (device -> host) blocks, then (host -> device) blocks, every layer."""

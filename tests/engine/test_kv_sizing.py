@@ -103,3 +103,32 @@ def test_accelerators_take_utilization_of_total_minus_what_is_in_use(kvcache_spa
     assert blocks == 62 * GIB // BLOCK
     with pytest.raises(ValueError, match="no memory left for the KV cache"):
         kv_cache_blocks(args(), BLOCK, "gpu", 80 * GIB, 7 * GIB)
+
+
+def test_the_cpu_budget_leaves_the_largest_steps_peak_free(kvcache_space):
+    # 0.5 of 1 GiB free = 512 MiB, less a 100 MiB step peak = 412 MiB: 206 blocks (256 without it)
+    engine_args = args(gpu_memory_utilization=0.5)
+    assert kv_cache_blocks(engine_args, BLOCK, "cpu", 128 * GIB, GIB, 100 * MIB) == 206
+    # an explicit FD_CPU_KVCACHE_SPACE still caps what is left
+    kvcache_space(0.25)
+    assert kv_cache_blocks(engine_args, BLOCK, "cpu", 128 * GIB, GIB, 100 * MIB) == 128
+
+
+def test_the_need_of_max_num_seqs_full_sequences_still_caps_the_pool(kvcache_space):
+    # plenty of memory after the peak: the pool is what 16 sequences of 4096 tokens need, no more
+    assert kv_cache_blocks(args(), BLOCK, "cpu", 128 * GIB, 64 * GIB, 4 * GIB) == 64 * 16 * 5 // 4 + 1
+
+
+def test_a_step_peak_that_leaves_too_little_names_it(kvcache_space):
+    # 512 MiB - 460 MiB = 26 blocks, under the 64 + 1 one 4096-token sequence needs
+    with pytest.raises(ValueError, match="less the 0.45 GiB peak of the largest step") as info:
+        kv_cache_blocks(args(), BLOCK, "cpu", 128 * GIB, GIB, 460 * MIB)
+    assert "holds 26 blocks" in str(info.value) and "--max-num-batched-tokens" in str(info.value)
+
+
+def test_accelerators_leave_the_step_peak_free(kvcache_space):
+    # 0.9 * 80 - 10 GiB in use - a 2 GiB step peak = 60 GiB
+    blocks = kv_cache_blocks(args(max_model_len=128, max_num_seqs=1), BLOCK, "gpu", 80 * GIB, 70 * GIB, 2 * GIB)
+    assert blocks == 60 * GIB // BLOCK
+    with pytest.raises(ValueError, match="less 10.00 GiB in use and a 62.00 GiB step peak"):
+        kv_cache_blocks(args(), BLOCK, "gpu", 80 * GIB, 70 * GIB, 62 * GIB)
