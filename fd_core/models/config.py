@@ -101,8 +101,8 @@ def _rope_theta(raw: dict[str, Any]) -> float:
     return float(_get(raw, "rope_theta", float, 10000.0))
 
 
-def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
-    """Validate a config.json dict (ERNIE 4.5 keys, dense or MoE)."""
+def _attention_shape(raw: dict[str, Any]) -> tuple[list[str], int, int, int]:
+    """``(architectures, hidden_size, num_attention_heads, num_key_value_heads)``, checked."""
     archs = raw.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise ConfigError(f"config.json: 'architectures' must be a non-empty list of names, got {archs!r}")
@@ -113,6 +113,12 @@ def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
         raise ConfigError(
             f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
         )
+    return archs, hidden, heads, kv_heads
+
+
+def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
+    """Validate a config.json dict (ERNIE 4.5 keys, dense or MoE)."""
+    archs, hidden, heads, kv_heads = _attention_shape(raw)
     head_dim = _positive("head_dim", _get(raw, "head_dim", int, hidden // heads))
     if _get(raw, "use_bias", bool, False):
         raise ConfigError("config.json: use_bias=true is not supported (ERNIE 4.5 has no linear biases)")
@@ -174,16 +180,7 @@ def qwen3_config_from_dict(raw: dict[str, Any]) -> ModelConfig:
     Qwen3's defaults differ from ERNIE's where a key is absent (untied
     embeddings, eps 1e-6); what the model does not implement (attention
     biases, sliding-window layers, a non-SiLU MLP) is refused by key."""
-    archs = raw.get("architectures")
-    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
-        raise ConfigError(f"config.json: 'architectures' must be a non-empty list of names, got {archs!r}")
-    hidden = _positive("hidden_size", _get(raw, "hidden_size", int))
-    heads = _positive("num_attention_heads", _get(raw, "num_attention_heads", int))
-    kv_heads = _positive("num_key_value_heads", _get(raw, "num_key_value_heads", int, heads))
-    if heads % kv_heads:
-        raise ConfigError(
-            f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
-        )
+    archs, hidden, heads, kv_heads = _attention_shape(raw)
     if _get(raw, "attention_bias", bool, False):
         raise ConfigError("config.json: attention_bias=true is not supported for Qwen3 (expected false)")
     if _get(raw, "use_sliding_window", bool, False):

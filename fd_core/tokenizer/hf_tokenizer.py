@@ -22,6 +22,7 @@ from typing import Any
 
 from fd_core.tokenizer.chat_template import ChatTemplate, load_chat_template
 from fd_core.tokenizer.tokenizer import _NAMED_TOKENS, _read_json, _token_text
+from fd_core.tokenizer.vocab_tables import VocabTables
 
 __all__ = ["HFTokenizer"]
 
@@ -49,7 +50,7 @@ def _is_byte_level(decoder: Any) -> bool:
     return decoder.get("type") == "Sequence" and any(_is_byte_level(d) for d in decoder.get("decoders", []))
 
 
-class HFTokenizer:
+class HFTokenizer(VocabTables):
     """Byte-level BPE tokenizer from ``tokenizer.json``, with added tokens and a chat template.
 
     Build one with `HFTokenizer.from_pretrained(model_dir)`. `vocab_size` is
@@ -134,43 +135,9 @@ class HFTokenizer:
                    config.get("model_max_length"))
 
     # ---- ids and special tokens -------------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        """How many ids decode: every id in [0, vocab_size) is valid."""
-        return len(self._pieces)
-
-    def __len__(self) -> int:
-        return len(self._pieces)
-
     def _named_id(self, name: str) -> int | None:
         token = self.special_tokens.get(name)
         return None if token is None else self._vocab.get(token)
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._named_id("bos_token")
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._named_id("eos_token")
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._named_id("pad_token")
-
-    @property
-    def all_special_ids(self) -> list[int]:
-        """Ids dropped by `decode(..., skip_special_tokens=True)`."""
-        return sorted(self._special_ids)
-
-    @property
-    def all_special_tokens(self) -> list[str]:
-        return [self._pieces[i] for i in self.all_special_ids]
-
-    @property
-    def added_tokens(self) -> dict[str, int]:
-        """Every token matched whole in text (special or not): content -> id."""
-        return dict(self._added)
 
     def convert_ids_to_tokens(self, ids: int | Iterable[int] | None) -> str | list[str] | None:
         """Vocabulary entries of ids; None for None, the id `convert_tokens_to_ids` gives a string
@@ -186,11 +153,6 @@ class HFTokenizer:
         if isinstance(tokens, str):
             return self._vocab.get(tokens)
         return [self._vocab.get(t) for t in tokens]
-
-    def _check_id(self, i: int) -> int:
-        if not 0 <= i < len(self._pieces):
-            raise ValueError(f"token id {i} is out of range: the vocabulary has ids 0..{len(self._pieces) - 1}")
-        return i
 
     # ---- encode / decode --------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False, split_special_tokens: bool = False) -> list[int]:

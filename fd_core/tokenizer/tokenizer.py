@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fd_core.tokenizer.chat_template import ERNIE_CHAT_TEMPLATE, ChatTemplate, load_chat_template
+from fd_core.tokenizer.vocab_tables import VocabTables
 
 __all__ = ["Tokenizer"]
 
@@ -51,7 +52,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-class Tokenizer:
+class Tokenizer(VocabTables):
     """Sentencepiece tokenizer with added tokens, special-token ids and a chat template.
 
     Build one with `Tokenizer.from_pretrained(model_dir)`. `vocab_size` is the
@@ -158,43 +159,9 @@ class Tokenizer:
         )
 
     # ---- ids and special tokens -------------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        """How many ids decode: every id in [0, vocab_size) is valid."""
-        return len(self._pieces)
-
-    def __len__(self) -> int:
-        return len(self._pieces)
-
     def _named_id(self, name: str) -> int | None:
         token = self.special_tokens.get(name)
         return None if token is None else self._token_to_id(token)
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._named_id("bos_token")
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._named_id("eos_token")
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._named_id("pad_token")
-
-    @property
-    def all_special_ids(self) -> list[int]:
-        """Ids dropped by `decode(..., skip_special_tokens=True)`."""
-        return sorted(self._special_ids)
-
-    @property
-    def all_special_tokens(self) -> list[str]:
-        return [self._pieces[i] for i in self.all_special_ids]
-
-    @property
-    def added_tokens(self) -> dict[str, int]:
-        """Every token matched whole in text (special or not): content -> id."""
-        return dict(self._added)
 
     def convert_ids_to_tokens(self, ids: int | Iterable[int]) -> str | list[str]:
         if isinstance(ids, int):
@@ -209,13 +176,6 @@ class Tokenizer:
     def _token_to_id(self, token: str) -> int:
         i = self._added.get(token)
         return i if i is not None else int(self._sp.piece_to_id(token))
-
-    def _check_id(self, i: int) -> int:
-        if not 0 <= i < len(self._pieces):
-            raise ValueError(
-                f"token id {i} is out of range: the vocabulary has ids 0..{len(self._pieces) - 1}"
-            )
-        return i
 
     # ---- encode / decode --------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False, split_special_tokens: bool = False) -> list[int]:
