@@ -37,6 +37,8 @@ _ENGINE_FLAGS = {  # flag -> (type, help); passed to LLM(...) only when given
     "block_size": (int, "tokens per KV cache block"),
     "gpu_memory_utilization": (float, "fraction of device memory to use"),
     "quantization": (str, "wint8, wint4, w8a8 (or FastDeploy's JSON form)"),
+    "dtype": (str, "weights' dtype: auto, bfloat16, float16, float32"),
+    "kv_cache_dtype": (str, "KV cache dtype: auto, float32, bfloat16, float16, int8, fp8"),
 }
 
 

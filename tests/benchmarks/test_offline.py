@@ -54,3 +54,11 @@ def test_latency_splits_prefill_and_decode_steps(tmp_path, model, capsys):
 def test_bad_flags_exit_2(model, capsys):
     assert main(["latency", "--model", model, *ENGINE, "--batch-size", "0"]) == 2
     assert "--batch-size must be >= 1" in capsys.readouterr().err
+
+
+def test_dtype_flags_reach_the_engine(tmp_path, model, capsys):
+    result = _run(tmp_path, "latency", "--model", model, *ENGINE, "--batch-size", "2", "--input-len", "8",
+                  "--output-len", "2", "--num-iters", "1", "--dtype", "bfloat16", "--kv-cache-dtype", "int8")
+    assert (result["config"]["dtype"], result["config"]["kv_cache_dtype"]) == ("bfloat16", "int8")
+    assert main(["latency", "--model", model, *ENGINE, "--kv-cache-dtype", "int4"]) == 2
+    assert "--kv-cache-dtype must be one of" in capsys.readouterr().err
