@@ -14,6 +14,14 @@ timers around every backend op) and the sampler's time.
     python benchmarks/decode_step.py --backend cpu   # the reference backend
     python benchmarks/decode_step.py --batch 8 --steps 20 --no-breakdown
     python benchmarks/decode_step.py --quantization wint8  # ratio to the same fp32 ceiling
+    python benchmarks/decode_step.py --ops bound pluggy unfused  # op dispatch variants, same run
+    python benchmarks/decode_step.py --dispatch-overhead   # us per op call, pluggy vs bound
+
+``--ops`` builds one runner per variant on the same checkpoint and alternates
+their timed runs: ``bound`` (the default ``Ops``: hooks resolved once),
+``pluggy`` (``Ops(bind=False)``: pluggy dispatch on every call), ``unfused``
+(bound, never asking ``fd_decoder_layers``: the model's layers op by op) and
+``unfused-pluggy``.
 
 Timings on a shared machine are noisy: every number is the median of
 ``--repeats`` runs of ``--steps`` steps, and step and ceiling runs alternate.
@@ -35,9 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fd_core._paddle import import_paddle  # noqa: E402
+from fd_core.backends.base import Ops  # noqa: E402
 from fd_core.backends.registry import get_backend  # noqa: E402
 from fd_core.engine.model_runner import ModelRunner, StepInput  # noqa: E402
 from fd_core.ops import attention as attention_ops  # noqa: E402
+from fd_core.plugins import hookimpl  # noqa: E402
+from fd_core.plugins.manager import make_plugin_manager  # noqa: E402
 from fd_core.quantization import parse_quantization  # noqa: E402
 from fd_core.sampling.params import SamplingParams  # noqa: E402
 from fd_core.sampling.sampler import Sampler, SamplingState  # noqa: E402
@@ -47,6 +58,11 @@ paddle = import_paddle()
 
 CHECKPOINT = ROOT / "checkpoints" / "ernie-4.5-0.3b-paddle"
 BLOCK_SIZE = 64
+# --ops name -> Ops keyword arguments
+OPS_VARIANTS: dict[str, dict[str, bool]] = {
+    "bound": {}, "pluggy": {"bind": False}, "unfused": {"fuse_layers": False},
+    "unfused-pluggy": {"bind": False, "fuse_layers": False},
+}
 
 
 def checkpoint() -> Path:
@@ -121,6 +137,7 @@ class OpTimers:
 
     def __init__(self, ops: Any, vocab_size: int) -> None:
         self.totals: dict[str, float] = defaultdict(float)
+        self.calls = 0  # op calls seen (the ops above, not the ops they call inside)
         self.ops = ops
         self.vocab_size = vocab_size
         self._saved: dict[str, Any] = {}
@@ -130,6 +147,7 @@ class OpTimers:
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             out = fn(*args, **kwargs)
+            self.calls += 1
             family = self.FAMILIES.get(name, name)
             if name == "linear":
                 weight = args[1] if len(args) > 1 else kwargs.get("weight")
@@ -161,6 +179,40 @@ class OpTimers:
         attention_ops.AttentionMetadata.build = self._build  # type: ignore[method-assign]
 
 
+class _StubReference:
+    """A reference that answers ``fd_silu_and_mul`` with its input: no kernel, only dispatch."""
+
+    @hookimpl(trylast=True)
+    def fd_silu_and_mul(self, x: Any) -> Any:
+        return x
+
+
+class _DecliningBackend:
+    @hookimpl
+    def fd_silu_and_mul(self, x: Any) -> Any:
+        return None
+
+
+def dispatch_overhead(calls: int, repeats: int) -> None:
+    """us per ``ops.silu_and_mul`` call on stub plugins, pluggy vs bound: the
+    reference alone, and a backend that declines in front of it."""
+    for label, plugins in (("reference alone", [_StubReference()]),
+                           ("backend declines, reference answers", [_StubReference(), _DecliningBackend()])):
+        pm = make_plugin_manager(*plugins)
+        row = []
+        for bind in (False, True):
+            op: Any = Ops(pm, "stub", bind=bind).silu_and_mul
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    op(calls)  # any non-None stands in for a tensor
+                times.append((time.perf_counter() - start) / calls * 1e6)
+            row.append(statistics.median(times))
+        print(f"{label:38s}: pluggy {row[0]:.3f} us/call, bound {row[1]:.3f} us/call "
+              f"({row[0] - row[1]:.3f} us saved per call)", flush=True)
+
+
 def time_sampler(runner: ModelRunner, logits: Any, params: SamplingParams, repeats: int) -> float:
     sampler = Sampler(runner.ops, runner.config.vocab_size, method="sort")
     states = [SamplingState.create(params.replace(seed=i)) for i in range(logits.shape[0])]
@@ -184,66 +236,85 @@ def main() -> None:
     parser.add_argument("--no-ceiling", action="store_true")
     parser.add_argument("--backend", default="auto", help="cpu, x86, ... or auto (default)")
     parser.add_argument("--quantization", default=None, help="wint8, wint4, w8a8 or FastDeploy's JSON form")
+    parser.add_argument("--ops", nargs="+", default=["bound"], choices=list(OPS_VARIANTS),
+                        help="op dispatch variants to time side by side (default: bound)")
+    parser.add_argument("--dispatch-overhead", action="store_true",
+                        help="only time 100k calls of a stub op, pluggy vs bound, and exit")
     args = parser.parse_args()
+    if args.dispatch_overhead:
+        dispatch_overhead(100_000, args.repeats)
+        return
 
     backend = get_backend(args.backend)
     quantization = parse_quantization(args.quantization)
     max_len = args.prompt_len + args.steps + 2
     blocks_per_req = -(-max_len // BLOCK_SIZE)
     num_blocks = 1 + blocks_per_req * sum(args.batch)
-    start = time.perf_counter()
-    runner = ModelRunner(checkpoint(), backend, num_blocks=num_blocks, block_size=BLOCK_SIZE, max_model_len=4096,
-                         quantization=quantization)
-    runner.warmup()
-    print(f"backend {backend.name}, {quantization.describe() if quantization else 'fp32'}; "
-          f"loaded in {time.perf_counter() - start:.1f} s; paddle threads: "
-          f"{paddle.base.core.get_num_threads() if hasattr(paddle.base.core, 'get_num_threads') else '?'}",
-          flush=True)
+    runners = {}
+    for variant in args.ops:
+        start = time.perf_counter()
+        backend.ops = Ops(backend.pm, backend.name, **OPS_VARIANTS[variant])  # the runner takes backend.ops
+        runners[variant] = ModelRunner(checkpoint(), backend, num_blocks=num_blocks, block_size=BLOCK_SIZE,
+                                       max_model_len=4096, quantization=quantization)
+        runners[variant].warmup()
+        print(f"backend {backend.name}, {quantization.describe() if quantization else 'fp32'}, ops {variant}; "
+              f"loaded in {time.perf_counter() - start:.1f} s; paddle threads: "
+              f"{paddle.base.core.get_num_threads() if hasattr(paddle.base.core, 'get_num_threads') else '?'}",
+              flush=True)
+    runner = runners[args.ops[0]]
     ceiling = None if args.no_ceiling else MatmulCeiling(runner.config)
-    rng = np.random.default_rng(0)
     rows = []
     first_block = 1
     for batch in args.batch:
-        reqs = Batch(runner, batch, args.prompt_len, max_len, first_block, rng)
+        # the same prompts and decode tokens for every variant
+        batches = {v: Batch(r, batch, args.prompt_len, max_len, first_block, np.random.default_rng(batch))
+                   for v, r in runners.items()}
         first_block += blocks_per_req * batch
-        prefill_s = reqs.prefill()
-        reqs.time_decode(2)  # warm-up
-        steps, ceils = [], []
+        prefill_s = {v: b.prefill() for v, b in batches.items()}
+        for b in batches.values():
+            b.time_decode(2)  # warm-up
+        steps: dict[str, list[float]] = {v: [] for v in batches}
+        ceils = []
         for _ in range(args.repeats):
-            steps.append(reqs.time_decode(args.steps))
+            for v, b in batches.items():
+                steps[v].append(b.time_decode(args.steps))
             if ceiling is not None:
                 ceils.append(ceiling.time(batch, args.steps))
-        step_ms = statistics.median(steps)
         ceil_ms = statistics.median(ceils) if ceils else float("nan")
-        print(f"B={batch:3d}: prefill {batch}x{args.prompt_len} {prefill_s * 1e3:8.1f} ms "
-              f"({batch * args.prompt_len / prefill_s:6.0f} tok/s) | decode step {step_ms:7.1f} ms "
-              f"(min {min(steps):.1f}) | ceiling {ceil_ms:7.1f} ms (min {min(ceils) if ceils else 0:.1f}) "
-              f"| ratio {step_ms / ceil_ms:.2f}", flush=True)
-        line = {"batch": batch, "step": step_ms, "ceiling": ceil_ms}
+        first_ms = statistics.median(steps[args.ops[0]])
+        for v in batches:
+            step_ms = statistics.median(steps[v])
+            print(f"B={batch:3d} {v:>14s}: prefill {batch}x{args.prompt_len} {prefill_s[v] * 1e3:8.1f} ms "
+                  f"({batch * args.prompt_len / prefill_s[v]:6.0f} tok/s) | decode step {step_ms:7.1f} ms "
+                  f"(min {min(steps[v]):.1f}) | ceiling {ceil_ms:7.1f} ms (min {min(ceils) if ceils else 0:.1f}) "
+                  f"| ratio {step_ms / ceil_ms:.2f} | vs {args.ops[0]} {step_ms / first_ms:.3f}", flush=True)
+            rows.append({"batch": batch, "ops": v, "step": step_ms, "ceiling": ceil_ms})
+        reqs = batches[args.ops[0]]
+        line: dict[str, Any] = {}
         if not args.no_breakdown:
-            with OpTimers(runner.ops, runner.config.vocab_size) as timers:
-                start = time.perf_counter()
-                for _ in range(args.repeats):
-                    reqs.time_decode(args.steps)
-                total = (time.perf_counter() - start) * 1e3
-            n = args.repeats * args.steps
-            parts = {k: v * 1e3 / n for k, v in sorted(timers.totals.items())}
-            parts["other (glue, embed, runner)"] = total / n - sum(parts.values())
-            print("       breakdown ms/step: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()), flush=True)
+            for v, b in batches.items():
+                with OpTimers(b.runner.ops, b.runner.config.vocab_size) as timers:
+                    start = time.perf_counter()
+                    for _ in range(args.repeats):
+                        b.time_decode(args.steps)
+                    total = (time.perf_counter() - start) * 1e3
+                n = args.repeats * args.steps
+                parts = {k: t * 1e3 / n for k, t in sorted(timers.totals.items())}
+                parts["other (glue, embed, runner)"] = total / n - sum(parts.values())
+                print(f"       {v} breakdown ms/step ({timers.calls // n} op calls/step): "
+                      + ", ".join(f"{k} {t:.1f}" for k, t in parts.items()), flush=True)
         if not args.no_sampler:
             logits = reqs.decode_step([n + 1 for n in reqs.seq_lens])
             for label, params in (("greedy", SamplingParams(temperature=0.0)),
                                   ("top_p=0.9", SamplingParams(temperature=0.8, top_p=0.9)),
                                   ("top_k=50", SamplingParams(temperature=0.8, top_k=50)),
                                   ("top_k=50,top_p=0.9", SamplingParams(temperature=0.8, top_k=50, top_p=0.9))):
-                line[label] = time_sampler(runner, logits, params, args.repeats)
-            print("       sampler ms: " + ", ".join(
-                f"{k} {v:.1f}" for k, v in line.items() if k not in ("batch", "step", "ceiling")), flush=True)
-        rows.append(line)
-    print("\n  B | step ms | ceiling ms | ratio")
-    for line in rows:
-        print(f"{line['batch']:3d} | {line['step']:7.1f} | {line['ceiling']:10.1f} | {line['step'] / line['ceiling']:.2f}")
-
+                line[label] = time_sampler(reqs.runner, logits, params, args.repeats)
+            print("       sampler ms: " + ", ".join(f"{k} {t:.1f}" for k, t in line.items()), flush=True)
+    print(f"\n  B | {'ops':>14s} | step ms | ceiling ms | ratio")
+    for row in rows:
+        print(f"{row['batch']:3d} | {row['ops']:>14s} | {row['step']:7.1f} | {row['ceiling']:10.1f} "
+              f"| {row['step'] / row['ceiling']:.2f}")
 
 if __name__ == "__main__":
     main()

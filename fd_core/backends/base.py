@@ -3,7 +3,10 @@
 Model and layer code receive a backend's ``ops`` and call kernels through it;
 they never branch on the device. Each op is a ``firstresult`` hook: the
 selected backend answers first, the reference (``trylast``) answers whatever
-it leaves.
+it leaves. ``Ops`` binds every kernel hook once, when it is built (once per
+engine): the implementations pluggy would call, in pluggy's order, become one
+plain function per op (``fd_core.backends.binding``), so an op call costs a
+Python call per implementation asked rather than a pluggy dispatch.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any, overload
 
 import pluggy
 
+from fd_core.backends.binding import Dispatch, bind_hook, call_order
 from fd_core.plugins.types import (
     Availability,
     Capabilities,
@@ -30,13 +34,52 @@ class OpNotProvidedError(NotImplementedError):
 
 
 class Ops:
-    """Typed call-through to the kernel hooks; see ``fd_core.plugins.hookspecs``."""
+    """Typed call-through to the kernel hooks; see ``fd_core.plugins.hookspecs``.
 
-    def __init__(self, pm: pluggy.PluginManager, backend_name: str) -> None:
-        self._hook = pm.hook
+    Each op is resolved at construction to the functions that will answer
+    it: the selected backend's implementation, then the reference's, asked in
+    that order until one returns non-None (exactly pluggy's ``firstresult``
+    order and semantics); an op only the reference implements calls it
+    directly. The backends are fixed at engine start: a plugin registered on
+    ``pm`` after this is built is not asked (build a new ``Ops``).
+    ``bind=False`` keeps pluggy dispatch on every call and ``fuse_layers=False``
+    never asks ``fd_decoder_layers``; both exist for benchmarks and tests.
+    """
+
+    def __init__(
+        self, pm: pluggy.PluginManager, backend_name: str, *, bind: bool = True, fuse_layers: bool = True
+    ) -> None:
+        self._hook = hooks = pm.hook
         self._backend_name = backend_name
+
+        def resolve(hook: pluggy.HookCaller) -> Dispatch:
+            return bind_hook(hook) if bind else hook
+
+        self._fd_rms_norm = resolve(hooks.fd_rms_norm)
+        self._fd_rotary_embedding = resolve(hooks.fd_rotary_embedding)
+        self._fd_silu_and_mul = resolve(hooks.fd_silu_and_mul)
+        self._fd_linear = resolve(hooks.fd_linear)
+        self._fd_rope_and_write_kv_cache = resolve(hooks.fd_rope_and_write_kv_cache)
+        self._fd_decoder_layers = resolve(hooks.fd_decoder_layers)
+        self._fd_allocate_kv_cache = resolve(hooks.fd_allocate_kv_cache)
+        self._fd_copy_kv_blocks = resolve(hooks.fd_copy_kv_blocks)
+        self._fd_write_kv_cache = resolve(hooks.fd_write_kv_cache)
+        self._fd_prefill_attention = resolve(hooks.fd_prefill_attention)
+        self._fd_decode_attention = resolve(hooks.fd_decode_attention)
+        self._fd_moe_select_experts = resolve(hooks.fd_moe_select_experts)
+        self._fd_moe_experts = resolve(hooks.fd_moe_experts)
+        self._fd_sample = resolve(hooks.fd_sample)
+        self._fd_communicator = resolve(hooks.fd_communicator)
         # no plugin fuses layers (the reference alone): skip the hook call per layer
-        self._fuses_layers = bool(pm.hook.fd_decoder_layers.get_hookimpls())
+        self._fuses_layers = fuse_layers and bool(hooks.fd_decoder_layers.get_hookimpls())
+
+    def implementers(self, op: str) -> list[str]:
+        """The plugins that may answer ``op`` (e.g. ``"linear"``), in the
+        order they are asked."""
+        hook = getattr(self._hook, "fd_" + op, None)
+        if hook is None or not hasattr(self, "_fd_" + op):
+            raise ValueError(f"unknown op {op!r}; expected one of the fd_* kernel hooks without the prefix")
+        return [impl.plugin_name for impl in call_order(hook)]
 
     def _answer(self, op: str, result: Any, what: str = "") -> Any:
         if result is None:
@@ -57,7 +100,7 @@ class Ops:
     ) -> Tensor | tuple[Tensor, Tensor]:
         """``normed``, or ``(normed, x + residual)`` when ``residual`` is given."""
         return self._answer(
-            "rms_norm", self._hook.fd_rms_norm(x=x, weight=weight, eps=eps, residual=residual)
+            "rms_norm", self._fd_rms_norm(x=x, weight=weight, eps=eps, residual=residual)
         )
 
     def rotary_embedding(
@@ -65,19 +108,17 @@ class Ops:
     ) -> tuple[Tensor, Tensor]:
         return self._answer(  # type: ignore[no-any-return]
             "rotary_embedding",
-            self._hook.fd_rotary_embedding(
+            self._fd_rotary_embedding(
                 q=q, k=k, positions=positions, cos_sin=cos_sin, interleaved=interleaved
             ),
         )
 
     def silu_and_mul(self, x: Tensor) -> Tensor:
-        return self._answer("silu_and_mul", self._hook.fd_silu_and_mul(x=x))
+        return self._answer("silu_and_mul", self._fd_silu_and_mul(x=x))
 
     def linear(self, x: Tensor, weight: Tensor | None, bias: Tensor | None = None, quant: Any = None) -> Tensor:
-        method = getattr(quant, "method", "none")
-        return self._answer(
-            "linear", self._hook.fd_linear(x=x, weight=weight, bias=bias, quant=quant), method
-        )
+        out = self._fd_linear(x=x, weight=weight, bias=bias, quant=quant)
+        return out if out is not None else self._answer("linear", None, getattr(quant, "method", "none"))
 
     def rope_and_write_kv_cache(
         self, qkv: Tensor, positions: Tensor, cos_sin: Tensor, interleaved: bool, num_heads: int,
@@ -85,7 +126,7 @@ class Ops:
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Split ``qkv``, rotate q and k, store k and v: the backend's fused
         kernel when it has one, else the unfused hooks (see the hookspec)."""
-        fused = self._hook.fd_rope_and_write_kv_cache(
+        fused = self._fd_rope_and_write_kv_cache(
             qkv=qkv, positions=positions, cos_sin=cos_sin, interleaved=interleaved, num_heads=num_heads,
             num_kv_heads=num_kv_heads, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping,
         )
@@ -113,7 +154,7 @@ class Ops:
         backend's fused kernel when it answers, else the unfused hooks layer
         by layer (see the hookspec)."""
         if self._fuses_layers:
-            fused = self._hook.fd_decoder_layers(
+            fused = self._fd_decoder_layers(
                 layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
                 k_caches=k_caches, v_caches=v_caches,
             )
@@ -129,7 +170,7 @@ class Ops:
     ) -> tuple[KVPool, KVPool]:
         return self._answer(  # type: ignore[no-any-return]
             "allocate_kv_cache",
-            self._hook.fd_allocate_kv_cache(
+            self._fd_allocate_kv_cache(
                 num_blocks=num_blocks, block_size=block_size, num_kv_heads=num_kv_heads,
                 head_dim=head_dim, dtype=dtype, location=location,
             ),
@@ -141,7 +182,7 @@ class Ops:
     ) -> None:
         self._answer(
             "copy_kv_blocks",
-            self._hook.fd_copy_kv_blocks(
+            self._fd_copy_kv_blocks(
                 src_cache=src_cache, dst_cache=dst_cache, src_blocks=src_blocks,
                 dst_blocks=dst_blocks, block_size=block_size,
             ),
@@ -150,7 +191,7 @@ class Ops:
     def write_kv_cache(self, k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, slot_mapping: Tensor) -> None:
         self._answer(
             "write_kv_cache",
-            self._hook.fd_write_kv_cache(
+            self._fd_write_kv_cache(
                 k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping
             ),
         )
@@ -160,7 +201,7 @@ class Ops:
     ) -> Tensor:
         return self._answer(
             "prefill_attention",
-            self._hook.fd_prefill_attention(
+            self._fd_prefill_attention(
                 q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, metadata=metadata, scale=scale
             ),
         )
@@ -168,7 +209,7 @@ class Ops:
     def decode_attention(self, q: Tensor, k_cache: KVPool, v_cache: KVPool, metadata: Any, scale: float) -> Tensor:
         return self._answer(
             "decode_attention",
-            self._hook.fd_decode_attention(
+            self._fd_decode_attention(
                 q=q, k_cache=k_cache, v_cache=v_cache, metadata=metadata, scale=scale
             ),
         )
@@ -183,7 +224,7 @@ class Ops:
     ) -> tuple[Tensor, Tensor]:
         return self._answer(  # type: ignore[no-any-return]
             "moe_select_experts",
-            self._hook.fd_moe_select_experts(
+            self._fd_moe_select_experts(
                 router_logits=router_logits, top_k=top_k, correction_bias=correction_bias,
                 renormalize=renormalize, norm_min=norm_min,
             ),
@@ -200,7 +241,7 @@ class Ops:
     ) -> Tensor:
         return self._answer(
             "moe_experts",
-            self._hook.fd_moe_experts(
+            self._fd_moe_experts(
                 x=x, topk_weights=topk_weights, topk_ids=topk_ids,
                 up_gate_weights=up_gate_weights, down_weights=down_weights, quant=quant,
             ),
@@ -218,7 +259,7 @@ class Ops:
     ) -> Tensor:
         return self._answer(
             "sample",
-            self._hook.fd_sample(
+            self._fd_sample(
                 logits=logits, temperature=temperature, top_k=top_k, top_p=top_p,
                 min_p=min_p, uniforms=uniforms, method=method,
             ),
@@ -228,7 +269,7 @@ class Ops:
     def communicator(self, world_size: int, rank: int, group: Any = None) -> Communicator:
         return self._answer(
             "communicator",
-            self._hook.fd_communicator(world_size=world_size, rank=rank, group=group),
+            self._fd_communicator(world_size=world_size, rank=rank, group=group),
         )
 
 
