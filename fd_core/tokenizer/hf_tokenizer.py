@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fd_core.tokenizer.chat_template import ChatTemplate, load_chat_template
+from fd_core.tokenizer.chat_template import load_chat_template
 from fd_core.tokenizer.tokenizer import _NAMED_TOKENS, _read_json, _token_text
 from fd_core.tokenizer.vocab_tables import VocabTables
 
@@ -209,26 +209,3 @@ class HFTokenizer(VocabTables):
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of `ids`; invalid UTF-8 becomes U+FFFD, as in Python's "replace"."""
         return b"".join(self.token_bytes(i, skip_special_tokens) for i in ids).decode("utf-8", errors="replace")
-
-    # ---- chat ---------------------------------------------------------------------
-    def apply_chat_template(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        add_generation_prompt: bool = True,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        tokenize: bool = False,
-        chat_template: str | os.PathLike[str] | None = None,
-        **chat_template_kwargs: Any,
-    ) -> str | list[int]:
-        """Render `messages` with the chat template (the prompt text, or its ids when `tokenize`).
-
-        `chat_template` overrides the tokenizer's template for this call;
-        `chat_template_kwargs` such as `enable_thinking=False` reach the template.
-        """
-        source = self.chat_template if chat_template is None else load_chat_template(chat_template)
-        if source is None:
-            raise ValueError("this tokenizer has no chat template (none in tokenizer_config.json or "
-                             "chat_template.jinja); pass one with --chat-template")
-        prompt = ChatTemplate(source, self.special_tokens).render(
-            messages, add_generation_prompt, tools, **chat_template_kwargs)
-        return self.encode(prompt) if tokenize else prompt

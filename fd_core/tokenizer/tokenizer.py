@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fd_core.tokenizer.chat_template import ERNIE_CHAT_TEMPLATE, ChatTemplate, load_chat_template
+from fd_core.tokenizer.chat_template import ERNIE_CHAT_TEMPLATE, load_chat_template
 from fd_core.tokenizer.vocab_tables import VocabTables
 
 __all__ = ["Tokenizer"]
@@ -247,23 +247,3 @@ class Tokenizer(VocabTables):
         if self._add_dummy_prefix and text.startswith(" "):
             text = text[1:]
         return text
-
-    # ---- chat ---------------------------------------------------------------------
-    def apply_chat_template(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        add_generation_prompt: bool = True,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        tokenize: bool = False,
-        chat_template: str | os.PathLike[str] | None = None,
-        **chat_template_kwargs: Any,
-    ) -> str | list[int]:
-        """Render `messages` with the chat template (the prompt text, or its ids when `tokenize`).
-
-        `chat_template` overrides the tokenizer's template for this call;
-        `chat_template_kwargs` such as `enable_thinking=False` reach the template.
-        """
-        source = self.chat_template if chat_template is None else load_chat_template(chat_template)
-        template = ChatTemplate(source, self.special_tokens)
-        prompt = template.render(messages, add_generation_prompt, tools, **chat_template_kwargs)
-        return self.encode(prompt) if tokenize else prompt

@@ -3,10 +3,17 @@
 A tokenizer fills ``_pieces`` (id -> token text), ``_special_ids`` (ids a
 ``skip_special_tokens`` decode drops), ``_added`` (added-token text -> id,
 matched whole in text) and ``special_tokens`` (name -> text, e.g.
-``"eos_token"``), and implements ``_named_id``.
+``"eos_token"``), ``chat_template`` (jinja text or None), and implements
+``_named_id`` and ``encode``.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fd_core.tokenizer.chat_template import ChatTemplate, load_chat_template
 
 __all__ = ["VocabTables"]
 
@@ -18,8 +25,12 @@ class VocabTables:
     _special_ids: frozenset[int]
     _added: dict[str, int]
     special_tokens: dict[str, str]
+    chat_template: str | None
 
     def _named_id(self, name: str) -> int | None:
+        raise NotImplementedError
+
+    def encode(self, text: str, add_special_tokens: bool = False, split_special_tokens: bool = False) -> list[int]:
         raise NotImplementedError
 
     @property
@@ -62,3 +73,25 @@ class VocabTables:
                 f"token id {i} is out of range: the vocabulary has ids 0..{len(self._pieces) - 1}"
             )
         return i
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tokenize: bool = False,
+        chat_template: str | os.PathLike[str] | None = None,
+        **chat_template_kwargs: Any,
+    ) -> str | list[int]:
+        """Render `messages` with the chat template (the prompt text, or its ids when `tokenize`).
+
+        `chat_template` overrides the tokenizer's template for this call;
+        `chat_template_kwargs` such as `enable_thinking=False` reach the template.
+        """
+        source = self.chat_template if chat_template is None else load_chat_template(chat_template)
+        if source is None:
+            raise ValueError("this tokenizer has no chat template (none in tokenizer_config.json or "
+                             "chat_template.jinja); pass one with --chat-template")
+        prompt = ChatTemplate(source, self.special_tokens).render(
+            messages, add_generation_prompt, tools, **chat_template_kwargs)
+        return self.encode(prompt) if tokenize else prompt
