@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
 from fd_core.layers.attention import KVCache
-from fd_core.layers.basic import Linear, RMSNorm
+from fd_core.layers.basic import Linear, RMSNorm, embed
 from fd_core.layers.mlp import GatedMLP
 from fd_core.layers.param import Param
 from fd_core.models.base import Target
@@ -90,6 +90,9 @@ class Qwen3DecoderLayer:
 
 
 class Qwen3ForCausalLM:
+    # storage dtypes its forward takes (16-bit: widened per op, activations stay fp32)
+    weight_dtypes = ("float32", "bfloat16", "float16")
+
     def __init__(self, config: ModelConfig, ops: Ops, max_position: int | None = None) -> None:
         c = config
         self.config = config
@@ -103,7 +106,7 @@ class Qwen3ForCausalLM:
 
     def forward(self, input_ids: Any, meta: Any, caches: list[KVCache], logits_indices: Any) -> Any:
         """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]`` (None: every row)."""
-        h = paddle.gather(self.embed_tokens.data, input_ids)  # [T, D]
+        h = embed(self.embed_tokens.data, input_ids)  # [T, D] fp32 whatever the table's dtype
         residual = None
         for layer, cache in zip(self.layers, caches):
             h, residual = layer(h, residual, self.cos_sin, meta, cache)

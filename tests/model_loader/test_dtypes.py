@@ -101,12 +101,12 @@ def test_quantize_on_load_from_16_bit_weights(checkpoint_factory, cpu_backend, m
     np.testing.assert_allclose(np.concatenate(outs["bfloat16"][1]), np.concatenate(outs["float32"][1]), atol=1e-5)
 
 
-def test_a_model_without_a_16_bit_forward_refuses_16_bit_weights_by_name(checkpoint_factory, cpu_backend):
+def test_a_model_without_a_16_bit_forward_refuses_16_bit_weights_by_name(checkpoint_factory, cpu_backend,
+                                                                         monkeypatch):
     from fd_core.config import UnsupportedFeatureError
     from fd_core.models.qwen3 import Qwen3ForCausalLM
 
-    if "bfloat16" in getattr(Qwen3ForCausalLM, "weight_dtypes", ()):
-        pytest.skip("Qwen3 declares 16-bit weights now: tests/models/test_dtype_vs_hf.py is the place for it")
+    monkeypatch.delattr(Qwen3ForCausalLM, "weight_dtypes")  # as a model that declares none
     model_dir = checkpoint_factory("tiny-qwen3", "pytorch")
     with pytest.raises(UnsupportedFeatureError, match="--dtype bfloat16: Qwen3ForCausalLM"):
         ModelRunner(model_dir, cpu_backend, num_blocks=8, block_size=16, dtype="bfloat16")

@@ -61,7 +61,7 @@ def _check(runner, model_dir, round_to):
     assert len({t for seq in tokens for t in seq}) > 5  # not a degenerate model
 
 
-@pytest.mark.parametrize("shape", ["tiny-dense", "tiny-moe"])
+@pytest.mark.parametrize("shape", ["tiny-dense", "tiny-moe", "tiny-qwen3"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_checkpoint_stored_in_16_bits_matches_hf(checkpoint_factory, cpu_backend, shape, dtype):
     model_dir = checkpoint_factory(shape, "pytorch", dtype=dtype)
@@ -71,7 +71,7 @@ def test_checkpoint_stored_in_16_bits_matches_hf(checkpoint_factory, cpu_backend
     _check(runner, model_dir, None)
 
 
-@pytest.mark.parametrize("shape", ["tiny-dense", "tiny-moe"])
+@pytest.mark.parametrize("shape", ["tiny-dense", "tiny-moe", "tiny-qwen3"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_fp32_checkpoint_rounded_on_load_matches_hf_rounded(checkpoint_factory, cpu_backend, shape, dtype):
     model_dir = checkpoint_factory(shape, "pytorch", dtype="float32")
