@@ -6,12 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
 from fd_core.layers.param import Param
+from fd_core.ops._host import as_array, on_host
 from fd_core.ops.linear import QuantizedWeight
 
 if TYPE_CHECKING:
     from fd_core.backends.base import Ops
 
-__all__ = ["Linear", "RMSNorm", "embed"]
+__all__ = ["Linear", "RMSNorm", "embed", "tie_lm_head"]
 
 paddle = import_paddle()
 
@@ -48,6 +49,19 @@ def embed(table: Any, input_ids: Any) -> Any:
     else:
         rows = paddle.gather(table, input_ids)
     return rows if rows.dtype == paddle.float32 else rows.astype("float32")
+
+
+def tie_lm_head(lm_head: Linear, embed_tokens: Param) -> None:
+    """Fill an LM head tied to the embeddings ``[V, D]`` after loading: its own ``[D, V]``
+    copy, or, when the head is to be quantized (a ``QuantizedParam`` not yet filled),
+    the table handed to its quantizer as it is (``[V, D]`` is already ``[out, in]``)."""
+    table = embed_tokens.data
+    if lm_head.quant is None and hasattr(lm_head.weight, "method"):
+        if table.dtype != paddle.float32:  # 16-bit table: the quantizer takes fp32 (numpy has no bf16)
+            table = table.astype("float32")
+        lm_head.weight.set((as_array(table) if on_host(table) else table.numpy()).T)
+    else:
+        lm_head.weight.set(table.t().contiguous())
 
 
 class RMSNorm:

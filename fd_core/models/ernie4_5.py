@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
 from fd_core.layers.attention import Attention, KVCache
-from fd_core.layers.basic import Linear, RMSNorm, embed
+from fd_core.layers.basic import Linear, RMSNorm, embed, tie_lm_head
 from fd_core.layers.mlp import GatedMLP, MoE
 from fd_core.layers.param import Param
 from fd_core.models.base import Target
 from fd_core.models.config import ModelConfig
-from fd_core.ops._host import as_array, on_host
 from fd_core.ops.decoder import DecoderLayerWeights
 from fd_core.ops.rope import rope_cos_sin
 
@@ -123,15 +122,7 @@ class Ernie4_5ForCausalLM:
         """Called by the loader after every parameter is filled."""
         if not self.config.tie_word_embeddings:
             return
-        if self.lm_head.quant is None and hasattr(self.lm_head.weight, "method"):
-            # quantized head: the table [V, D] is already [out, in]; no fp32 copy
-            embed = self.embed_tokens.data
-            if embed.dtype != paddle.float32:  # 16-bit table: the quantizer takes fp32 (numpy has no bf16)
-                embed = embed.astype("float32")
-            table = as_array(embed) if on_host(embed) else embed.numpy()
-            self.lm_head.weight.set(table.T)
-        else:
-            self.lm_head.weight.set(self.embed_tokens.data.t().contiguous())
+        tie_lm_head(self.lm_head, self.embed_tokens)
 
     def forward(self, input_ids: Any, meta: Any, caches: list[KVCache], logits_indices: Any) -> Any:
         """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]`` (None: every row)."""

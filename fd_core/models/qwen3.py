@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
 from fd_core.layers.attention import KVCache
-from fd_core.layers.basic import Linear, RMSNorm, embed
+from fd_core.layers.basic import Linear, RMSNorm, embed, tie_lm_head
 from fd_core.layers.mlp import GatedMLP
 from fd_core.layers.param import Param
 from fd_core.models.base import Target
@@ -92,6 +92,9 @@ class Qwen3DecoderLayer:
 class Qwen3ForCausalLM:
     # storage dtypes its forward takes (16-bit: widened per op, activations stay fp32)
     weight_dtypes = ("float32", "bfloat16", "float16")
+    # --quantization applies (quantization.apply.quantize_model): qkv, o and MLP linears take the
+    # dense method, the LM head its own method when set
+    quantizable = True
 
     def __init__(self, config: ModelConfig, ops: Ops, max_position: int | None = None) -> None:
         c = config
@@ -122,7 +125,7 @@ class Qwen3ForCausalLM:
     def finish_loading(self) -> None:
         """Called by the loader after every parameter is filled."""
         if self.config.tie_word_embeddings:
-            self.lm_head.weight.set(self.embed_tokens.data.t().contiguous())
+            tie_lm_head(self.lm_head, self.embed_tokens)
 
     def parameters(self) -> dict[str, Param]:
         """Every parameter the checkpoint must fill, by a readable name."""
