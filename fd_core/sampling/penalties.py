@@ -28,7 +28,6 @@ not a pass over ``[N, V]`` for every row because one row asked.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -105,15 +104,12 @@ class RequestBans:
 
 # SamplingState -> its RequestBans; SamplingState is eq=False (hashed by identity), and
 # an entry goes when its state does. (A field of SamplingState would do the same.)
-_BANS: weakref.WeakKeyDictionary[SamplingState, RequestBans] = weakref.WeakKeyDictionary()
-
-
 def request_bans(state: SamplingState) -> RequestBans:
     """``state``'s precomputed bias and bans, built on first use (O(its lists))."""
-    bans = _BANS.get(state)
+    bans = state.bans
     if bans is None or bans.params is not state.params or bans.words_source is not state.bad_words_token_ids:
-        bans = _BANS[state] = RequestBans.build(state)
-    return bans
+        bans = state.bans = RequestBans.build(state)
+    return bans  # type: ignore[no-any-return]
 
 
 def banned_token_ids(state: SamplingState) -> list[int]:

@@ -88,6 +88,8 @@ class SamplingState:
     reasoning: ReasoningBudget | None = None
     confident_steps: int = 0  # early stop: consecutive steps with p(token) > threshold
     _unique_prompt: np.ndarray | None = field(default=None, init=False, repr=False)
+    # penalties.RequestBans: the request's bias and bans compiled once (see penalties.request_bans)
+    bans: Any = field(default=None, init=False, repr=False)
 
     @classmethod
     def create(

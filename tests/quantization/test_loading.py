@@ -153,3 +153,32 @@ def test_peak_memory_of_quantized_loading_stays_below_the_fp32_model(checkpoint_
     assert resident < 0.65 * fp32
     # never the fp32 model and the quantized one at once: the fp32 model alone is more
     assert peak < fp32, f"loading peaked at {peak / 2**30:.2f} GiB; fp32 weights are {fp32 / 2**30:.2f} GiB"
+
+
+def test_quantize_model_walks_any_layer_class_and_refuses_a_model_with_nothing_to_quantize(cpu_backend):
+    """The load-time transform reaches linears in plugin-defined classes and lists; a model with
+    none is refused by name rather than accepted and left unquantized."""
+    from fd_core.errors import UnsupportedFeatureError
+    from fd_core.layers.basic import Linear
+    from fd_core.quantization import parse_quantization
+    from fd_core.quantization.apply import quantize_model
+
+    class Block:  # defined here, not in fd_core: as a plugin model's would be
+        def __init__(self):
+            self.proj = Linear(cpu_backend.ops, 8, 8)
+            self.heads = [Linear(cpu_backend.ops, 8, 4), 3, "x"]
+            self.scale = 1.5
+
+    class Model:
+        def __init__(self, layers):
+            self.layers = layers
+            self.lm_head = Linear(cpu_backend.ops, 8, 16)
+
+    q = parse_quantization("wint8").for_architecture("Plugin")
+    model = Model([Block(), Block()])
+    quantize_model(model, q)
+    for block in model.layers:
+        assert hasattr(block.proj.weight, "method") and hasattr(block.heads[0].weight, "method")
+    assert not hasattr(model.lm_head.weight, "method")  # the head stays float unless asked
+    with pytest.raises(UnsupportedFeatureError, match="no Linear or MoE layer"):
+        quantize_model(Model([object()]), q)

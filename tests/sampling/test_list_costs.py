@@ -183,9 +183,15 @@ def test_bad_words_token_ids_are_bounded_in_total_tokens():
         SamplingParams(bad_words_token_ids=[[1] * (MAX_BAD_WORDS_TOKENS + 1)])
 
 
-def test_precomputed_bans_go_with_their_request():
+def test_precomputed_bans_live_on_their_request_and_are_rebuilt_when_it_changes():
+    import weakref
+
     state = SamplingState.create(SamplingParams(bad_words_token_ids=[[1, 2]], logit_bias={3: 1.0}), [1])
     apply_bias_and_bans(paddle.zeros([1, 8]), [state])
-    before = len(penalties._BANS)
-    del state
-    assert len(penalties._BANS) == before - 1  # nothing in the entry refers back to its state
+    bans = state.bans
+    assert bans is not None and penalties.request_bans(state) is bans  # built once, reused
+    state.params = state.params.replace(logit_bias={4: 1.0})
+    assert penalties.request_bans(state) is not bans  # new parameters: compiled again
+    ref = weakref.ref(state)
+    del state, bans
+    assert ref() is None  # freed by reference counting: the compiled bans point back at no state
