@@ -48,27 +48,18 @@ class DecoderLayer:
         else:
             self.mlp = GatedMLP(ops, c.hidden_size, c.intermediate_size)
         self.ops = ops
-        self._weights: DecoderLayerWeights | None = None
 
     def weights(self) -> DecoderLayerWeights:
-        """A dense layer's weights as ``fd_decoder_layers`` takes them: the same
-        object from step to step (backends cache derived data on it) until a
-        weight is replaced."""
+        """A dense layer as ``fd_decoder_layers`` takes it (built per call: a
+        backend keys what it derives by the weights' content, not by this object)."""
         attn, mlp = self.self_attn, self.mlp
         assert isinstance(mlp, GatedMLP)
-        data = (self.input_layernorm.weight.data, self.post_attention_layernorm.weight.data,
-                attn.qkv_proj.weight.data, attn.o_proj.weight.data, mlp.up_gate_proj.weight.data,
-                mlp.down_proj.weight.data)
-        cached = self._weights
-        if cached is not None and cached.input_norm is data[0] and cached.post_norm is data[1] \
-                and cached.qkv is data[2] and cached.o is data[3] and cached.up_gate is data[4] \
-                and cached.down is data[5]:
-            return cached
-        self._weights = DecoderLayerWeights(
-            data[0], data[1], self.input_layernorm.eps, *data[2:], attn.num_heads, attn.num_kv_heads,
-            attn.head_dim, attn.scale, attn.interleaved_rope,
+        return DecoderLayerWeights(
+            self.input_layernorm.weight.data, self.post_attention_layernorm.weight.data, self.input_layernorm.eps,
+            attn.qkv_proj.weight.data, attn.o_proj.weight.data, mlp.up_gate_proj.weight.data,
+            mlp.down_proj.weight.data, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale,
+            attn.interleaved_rope,
         )
-        return self._weights
 
     @property
     def is_dense(self) -> bool:

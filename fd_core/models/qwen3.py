@@ -8,8 +8,9 @@ config and need not equal ``hidden_size / num_attention_heads``.
 
 Weights are held in Paddle's layout (``[in, out]``, fused ``qkv_proj`` and
 ``up_gate_proj``); ``checkpoint_targets`` maps HF's PyTorch names onto them.
-Every step runs through the per-op kernels (no fused-layer hook: that one
-describes ERNIE's layer, which has no q/k norm).
+Its layers are ``fd_core.ops.decoder.DecoderLayerWeights`` with q/k norms:
+the model runs them through ``Ops.decoder_layers``, so a backend whose fused
+layer kernel takes q/k norms runs them fused; the others compose the ops.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from fd_core.layers.mlp import GatedMLP
 from fd_core.layers.param import Param
 from fd_core.models.base import Target
 from fd_core.models.config import ModelConfig
+from fd_core.ops.decoder import DecoderLayerWeights
 from fd_core.ops.rope import rope_cos_sin
 
 if TYPE_CHECKING:
@@ -39,7 +41,6 @@ class Qwen3Attention:
 
     def __init__(self, ops: Ops, config: ModelConfig) -> None:
         c = config
-        self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         self.scale = c.head_dim**-0.5
@@ -47,26 +48,6 @@ class Qwen3Attention:
         self.o_proj = Linear(ops, self.q_size, c.hidden_size)
         self.q_norm = RMSNorm(ops, c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(ops, c.head_dim, c.rms_norm_eps)
-
-    def __call__(self, x: Any, cos_sin: Any, meta: Any, cache: KVCache) -> Any:
-        # x: [T, D]
-        ops, tokens, dh = self.ops, x.shape[0], self.head_dim
-        q, k, v = paddle.split(self.qkv_proj(x), [self.q_size, self.kv_size, self.kv_size], axis=-1)
-        # per-head RMSNorm: every head's row of Dh is one row of the norm, [T * H, Dh]
-        q = self.q_norm(q.reshape([-1, dh])).reshape([tokens, self.num_heads, dh])
-        k = self.k_norm(k.reshape([-1, dh])).reshape([tokens, self.num_kv_heads, dh])
-        v = v.reshape([tokens, self.num_kv_heads, dh])
-        q, k = ops.rotary_embedding(q, k, meta.positions, cos_sin, interleaved=False)
-        ops.write_kv_cache(k, v, cache.k, cache.v, meta.slot_mapping)
-        # the batch holds decodes first, then prefill chunks (see AttentionMetadata)
-        nd = meta.num_decodes
-        parts = []
-        if nd:
-            parts.append(ops.decode_attention(q if nd == tokens else q[:nd], cache.k, cache.v, meta, self.scale))
-        if nd < tokens:
-            parts.append(ops.prefill_attention(q[nd:], k[nd:], v[nd:], cache.k, cache.v, meta, self.scale))
-        out = parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)  # [T, H, Dh]
-        return self.o_proj(out.reshape([tokens, self.q_size]))
 
 
 class Qwen3DecoderLayer:
@@ -77,16 +58,16 @@ class Qwen3DecoderLayer:
         self.post_attention_layernorm = RMSNorm(ops, c.hidden_size, c.rms_norm_eps)
         self.mlp = GatedMLP(ops, c.hidden_size, c.intermediate_size)
 
-    def __call__(self, h: Any, residual: Any | None, cos_sin: Any, meta: Any, cache: KVCache) -> tuple[Any, Any]:
-        """``(hidden, residual)`` in and out; ``residual`` is None in the first
-        layer, and each layer's residual add is left to the next norm."""
-        if residual is None:
-            x, residual = self.input_layernorm(h), h
-        else:
-            x, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(x, cos_sin, meta, cache)
-        x, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(x), residual
+    def weights(self) -> DecoderLayerWeights:
+        """The layer as ``Ops.decoder_layers`` takes it: pre-norm, q/k norms
+        sharing the layer's eps, half-split (neox) rotary."""
+        attn = self.self_attn
+        return DecoderLayerWeights(
+            self.input_layernorm.weight.data, self.post_attention_layernorm.weight.data, self.input_layernorm.eps,
+            attn.qkv_proj.weight.data, attn.o_proj.weight.data, self.mlp.up_gate_proj.weight.data,
+            self.mlp.down_proj.weight.data, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale,
+            interleaved_rope=False, q_norm=attn.q_norm.weight.data, k_norm=attn.k_norm.weight.data,
+        )
 
 
 class Qwen3ForCausalLM:
@@ -110,9 +91,10 @@ class Qwen3ForCausalLM:
     def forward(self, input_ids: Any, meta: Any, caches: list[KVCache], logits_indices: Any) -> Any:
         """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]`` (None: every row)."""
         h = embed(self.embed_tokens.data, input_ids)  # [T, D] fp32 whatever the table's dtype
-        residual = None
-        for layer, cache in zip(self.layers, caches):
-            h, residual = layer(h, residual, self.cos_sin, meta, cache)
+        h, residual = self.ops.decoder_layers(
+            [layer.weights() for layer in self.layers], h, None, self.cos_sin, meta,
+            [cache.k for cache in caches], [cache.v for cache in caches],
+        )
         h, _ = self.norm(h, residual)
         if logits_indices is not None and logits_indices.shape[0] == 0:
             return None

@@ -1,24 +1,36 @@
-"""A dense pre-norm decoder layer as one op, and its composition from the others.
+"""A generic pre-norm decoder layer as one op, and its composition from the others.
 
-``DecoderLayerWeights`` describes one layer of the ERNIE 4.5 dense / Llama
-family: RMSNorm, fused QKV projection, rotary embedding, paged attention
-(GQA), output projection, RMSNorm, fused ``[gate | up]`` projection, SiLU-and-
-mul, down projection, with the residual adds folded into the norms. Each
-linear weight is an fp32 ``[in, out]`` tensor or a ``QuantizedWeight``.
+``DecoderLayerWeights`` describes one dense layer of the Llama family, which
+ERNIE 4.5 (dense layers), Qwen3 and Qwen2 are members of: RMSNorm, fused QKV
+projection (optional bias), optional per-head RMSNorm of q and k (Qwen3),
+rotary embedding (interleaved or half-split), paged attention (GQA), output
+projection (optional bias), RMSNorm, fused ``[gate | up]`` projection, SiLU-
+and-mul, down projection, with the residual adds folded into the norms.
+Each linear weight is an ``[in, out]`` tensor (any ``--dtype``) or a
+``QuantizedWeight``. A model family whose layer fits this shape gets every
+backend's fused layer kernel by describing its layers, with no plugin change;
+a field a backend's kernel lacks (a bias, the q/k norms) makes that backend
+decline and the separate ops run.
 
 ``compose_decoder_layer`` runs it through the separate kernel hooks, and
 ``compose_decoder_layers`` a run of such layers: the numerics of the
 optional fused hook ``fd_decoder_layers``, and what ``Ops`` runs when no
-backend fuses the run. ``self_attention`` is its attention
-block, which the model's MoE layers use as well.
+backend fuses the run. ``self_attention`` is its attention block, which
+the MoE layers use as well.
+
+The description carries no backend state. A backend that derives data from
+it keys that data by content (``DecoderLayerWeights.key``,
+``fd_core.ops.content_key``), so a replaced or rewritten weight is seen.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
+from fd_core.ops.content_key import tensor_key, weight_key
 from fd_core.ops.linear import QuantizedWeight
 
 if TYPE_CHECKING:
@@ -30,9 +42,9 @@ __all__ = ["DecoderLayerWeights", "apply_linear", "compose_decoder_layer", "comp
 paddle = import_paddle()
 
 
-@dataclass
+@dataclass(eq=False)
 class DecoderLayerWeights:
-    """One dense decoder layer's weights and shape (no biases)."""
+    """One dense pre-norm decoder layer's weights and shape."""
 
     input_norm: Any  # [D]
     post_norm: Any  # [D]
@@ -45,32 +57,53 @@ class DecoderLayerWeights:
     num_kv_heads: int
     head_dim: int
     scale: float  # attention's softmax scale, usually head_dim ** -0.5
-    interleaved_rope: bool = True
-    # a backend's derived per-layer data (e.g. repacked weights), by backend
-    # name; the model keeps one DecoderLayerWeights per layer while its
-    # weights stay the same objects, so this lives as long as they do
-    # (not an __init__ argument: dataclasses.replace gives the copy an empty one)
-    backend_cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    interleaved_rope: bool = True  # rotary pairs (x[2i], x[2i+1]); False: (x[i], x[i + Dh/2])
+    q_norm: Any | None = None  # [Dh]: RMSNorm of each query head before the rotary (same eps)
+    k_norm: Any | None = None  # [Dh]: of each key head
+    qkv_bias: Any | None = None  # [(H + 2 Hkv) Dh]
+    o_bias: Any | None = None  # [D]
+
+    def key(self) -> Hashable:
+        """The layer's content key: its shape and every weight's
+        ``fd_core.ops.content_key`` (changes when a weight is replaced or
+        written in place through paddle)."""
+        return (self.eps, self.num_heads, self.num_kv_heads, self.head_dim, self.scale, self.interleaved_rope,
+                *(tensor_key(t) for t in (self.input_norm, self.post_norm, self.q_norm, self.k_norm,
+                                          self.qkv_bias, self.o_bias)),
+                *(weight_key(w) for w in (self.qkv, self.o, self.up_gate, self.down)))
+
+    @property
+    def plain(self) -> bool:
+        """No q/k norms and no biases: the ERNIE 4.5 / Llama layer."""
+        return self.q_norm is None and self.k_norm is None and self.qkv_bias is None and self.o_bias is None
 
 
-def apply_linear(ops: Ops, x: Any, weight: Any) -> Any:
-    """``x @ weight`` through ``fd_linear`` (fp32 tensor or QuantizedWeight)."""
+def apply_linear(ops: Ops, x: Any, weight: Any, bias: Any | None = None) -> Any:
+    """``x @ weight (+ bias)`` through ``fd_linear`` (tensor or QuantizedWeight)."""
     if isinstance(weight, QuantizedWeight):
-        return ops.linear(x, None, None, weight)
-    return ops.linear(x, weight, None, None)
+        return ops.linear(x, None, bias, weight)
+    return ops.linear(x, weight, bias, None)
 
 
 def self_attention(
     ops: Ops, x: Any, qkv: Any, o: Any, cos_sin: Any, metadata: Any, k_cache: Any, v_cache: Any,
-    num_heads: int, num_kv_heads: int, scale: float, interleaved_rope: bool = True,
+    num_heads: int, num_kv_heads: int, scale: float, interleaved_rope: bool = True, *,
+    q_norm: Any | None = None, k_norm: Any | None = None, eps: float = 1e-6,
+    qkv_bias: Any | None = None, o_bias: Any | None = None,
 ) -> Any:
-    """QKV projection, rotary + cache store, paged attention (decodes, then
-    prefill chunks), output projection: ``x [T, D] -> [T, D]``."""
+    """QKV projection, (q/k norms,) rotary + cache store, paged attention
+    (decodes, then prefill chunks), output projection: ``x [T, D] -> [T, D]``."""
     num_tokens = x.shape[0]
-    q, k, v = ops.rope_and_write_kv_cache(
-        apply_linear(ops, x, qkv), metadata.positions, cos_sin, interleaved_rope, num_heads, num_kv_heads,
-        k_cache, v_cache, metadata.slot_mapping,
-    )
+    projected = apply_linear(ops, x, qkv, qkv_bias)
+    if q_norm is None and k_norm is None:
+        q, k, v = ops.rope_and_write_kv_cache(
+            projected, metadata.positions, cos_sin, interleaved_rope, num_heads, num_kv_heads,
+            k_cache, v_cache, metadata.slot_mapping,
+        )
+    else:
+        q, k, v = _normed_qkv(ops, projected, num_heads, num_kv_heads, q_norm, k_norm, eps)
+        q, k = ops.rotary_embedding(q, k, metadata.positions, cos_sin, interleaved_rope)
+        ops.write_kv_cache(k, v, k_cache, v_cache, metadata.slot_mapping)
     nd = metadata.num_decodes
     parts = []
     if nd:
@@ -79,7 +112,22 @@ def self_attention(
     if nd < num_tokens:
         parts.append(ops.prefill_attention(q[nd:], k[nd:], v[nd:], k_cache, v_cache, metadata, scale))
     out = parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)
-    return apply_linear(ops, out.reshape([num_tokens, q.shape[1] * q.shape[2]]), o)
+    return apply_linear(ops, out.reshape([num_tokens, q.shape[1] * q.shape[2]]), o, o_bias)
+
+
+def _normed_qkv(ops: Ops, qkv: Any, num_heads: int, num_kv_heads: int, q_norm: Any | None, k_norm: Any | None,
+                eps: float) -> tuple[Any, Any, Any]:
+    """Split ``qkv [T, (H + 2 Hkv) Dh]`` into heads, each q / k head
+    RMS-normed over its Dh (every head's row is one row of the norm)."""
+    tokens = qkv.shape[0]
+    head_dim = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
+    q, k, v = paddle.split(qkv, [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], axis=-1)
+    if q_norm is not None:
+        q = ops.rms_norm(q.reshape([-1, head_dim]), q_norm, eps)
+    if k_norm is not None:
+        k = ops.rms_norm(k.reshape([-1, head_dim]), k_norm, eps)
+    return (q.reshape([tokens, num_heads, head_dim]), k.reshape([tokens, num_kv_heads, head_dim]),
+            v.reshape([tokens, num_kv_heads, head_dim]))
 
 
 def compose_decoder_layer(
@@ -95,7 +143,8 @@ def compose_decoder_layer(
     else:
         x, residual = ops.rms_norm(hidden, layer.input_norm, layer.eps, residual)
     h = self_attention(ops, x, layer.qkv, layer.o, cos_sin, metadata, k_cache, v_cache, layer.num_heads,
-                       layer.num_kv_heads, layer.scale, layer.interleaved_rope)
+                       layer.num_kv_heads, layer.scale, layer.interleaved_rope, q_norm=layer.q_norm,
+                       k_norm=layer.k_norm, eps=layer.eps, qkv_bias=layer.qkv_bias, o_bias=layer.o_bias)
     x, residual = ops.rms_norm(h, layer.post_norm, layer.eps, residual)
     h = apply_linear(ops, ops.silu_and_mul(apply_linear(ops, x, layer.up_gate)), layer.down)
     return h, residual

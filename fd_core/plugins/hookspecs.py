@@ -235,7 +235,13 @@ def fd_decoder_layers(
 
     ``layers`` is a list of ``fd_core.ops.decoder.DecoderLayerWeights`` (one
     or more; the model passes each run of dense layers between MoE layers,
-    all of a dense model's layers at once), ``k_caches`` / ``v_caches`` the
+    all of a dense model's layers at once): a generic pre-norm layer of the
+    Llama family, with optional per-head q/k RMSNorms (Qwen3), q/k/v and
+    output biases, either rotary layout, any weight dtype or quantization.
+    It is built afresh each step and carries no backend state: a backend
+    that derives data from it (repacked weights) keys that data by content
+    (``DecoderLayerWeights.key()``, ``fd_core.ops.content_key``), never by
+    the object's identity. ``k_caches`` / ``v_caches`` the
     layers' caches in the same order. ``hidden [T, D]`` and ``residual``
     (None before the model's first layer) are the residual stream as the
     model carries it. Must equal ``fd_core.ops.decoder.compose_decoder_layers``,
@@ -386,6 +392,21 @@ def fd_register_quantization_methods(registry: Any) -> None:
     """Add quantization methods: ``registry.register(name, method)``.
 
     Called once when the quantization registry is first used.
+    """
+
+
+@hookspec
+def fd_register_checkpoint_generators(registry: Any) -> None:
+    """Add random-weight checkpoint generators for a model family:
+    ``registry.register(shape_name, generate)`` (a callable or
+    ``"module:attr"``, imported when that shape is asked for).
+
+    Called once when ``fd_core.testing.generators`` is first used (by
+    ``generate_checkpoint`` and ``python -m fd_core.testing.checkpoints``),
+    for every loaded general plugin. ``generate(path, shape, naming=, seed=,
+    dtype=, shards=, **overrides)`` writes a checkpoint in the family's real
+    on-disk format (config.json, tokenizer files, safetensors) and returns its
+    directory; see that module.
     """
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "SHAPES",
     "TensorSpec",
     "generate_checkpoint",
+    "generate_ernie_checkpoint",
     "main",
     "pytorch_tensor_specs",
     "pytorch_to_paddle_names",
@@ -299,19 +300,31 @@ def generate_checkpoint(
     shards: int = 1,
     **overrides: Any,
 ) -> Path:
-    """Write a random-weight ERNIE 4.5 checkpoint of `shape` (see SHAPES) to `path`; returns the directory.
+    """Write a random-weight checkpoint of `shape` to `path`; returns the directory.
 
-    `naming` is "pytorch" or "paddle"; `overrides` replace config keys (e.g.
-    num_hidden_layers=1). With `shards` > 1 the weights go into
-    model-0000i-of-0000N.safetensors files plus model.safetensors.index.json.
+    `shape` is any registered generator's (``fd_core.testing.generators``:
+    ERNIE 4.5's SHAPES, Qwen3's, a model plugin's). `naming` is "pytorch" or
+    "paddle"; `overrides` replace config keys (e.g. num_hidden_layers=1).
+    With `shards` > 1 the weights go into model-0000i-of-0000N.safetensors
+    files plus model.safetensors.index.json.
     """
-    # Qwen3 shapes: their own generator, which builds on this module's writers (hence imported here)
-    from fd_core.testing.qwen3_checkpoint import QWEN3_SHAPES, generate_qwen3_checkpoint
+    from fd_core.testing.generators import generators
 
-    if shape in QWEN3_SHAPES:
-        return generate_qwen3_checkpoint(path, shape, seed, dtype, naming=naming, shards=shards, **overrides)
+    return generators.generate(path, shape, naming=naming, seed=seed, dtype=dtype, shards=shards, **overrides)
+
+
+def generate_ernie_checkpoint(
+    path: str | Path,
+    shape: str,
+    naming: str = "pytorch",
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    shards: int = 1,
+    **overrides: Any,
+) -> Path:
+    """The ERNIE 4.5 generator (see SHAPES and the module doc)."""
     if shape not in SHAPES:
-        raise ValueError(f"unknown checkpoint shape {shape!r}; expected one of {sorted([*SHAPES, *QWEN3_SHAPES])}")
+        raise ValueError(f"unknown ERNIE 4.5 checkpoint shape {shape!r}; expected one of {sorted(SHAPES)}")
     if naming not in ("pytorch", "paddle"):
         raise ValueError(f"unknown naming {naming!r}; expected 'pytorch' or 'paddle'")
     if dtype not in _ST_DTYPES:
@@ -376,9 +389,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fd_core.testing.checkpoints", description=__doc__.split("\n")[0]
     )
-    from fd_core.testing.qwen3_checkpoint import QWEN3_SHAPES
+    from fd_core.testing.generators import generators
 
-    parser.add_argument("--shape", required=True, choices=sorted(SHAPES) + sorted(QWEN3_SHAPES))
+    parser.add_argument("--shape", required=True, choices=generators.shapes(),
+                        help="a registered generator's shape (model plugins add theirs)")
     parser.add_argument("--naming", default="pytorch", choices=["pytorch", "paddle"])
     parser.add_argument("--out", required=True, help="directory to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0)

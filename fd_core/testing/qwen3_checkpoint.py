@@ -145,7 +145,7 @@ def _write_tokenizer(out: Path, cfg: dict[str, Any]) -> dict[str, int]:
 
 
 def generate_qwen3_checkpoint(
-    path: str | Path, shape: str = "tiny-qwen3", seed: int = 0, dtype: str = "bfloat16", naming: str = "pytorch",
+    path: str | Path, shape: str = "tiny-qwen3", naming: str = "pytorch", seed: int = 0, dtype: str = "bfloat16",
     shards: int = 1, **overrides: Any,
 ) -> Path:
     """Write a random-weight Qwen3 checkpoint of `shape` (see QWEN3_SHAPES) to `path`; returns the directory.

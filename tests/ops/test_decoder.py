@@ -1,5 +1,5 @@
 """Ops.decoder_layers: a backend's fused answer, else the unfused hooks layer
-by layer; the layer description backends cache on; the model's runs of dense
+by layer; the layer description and its content key; the model's runs of dense
 layers route through it."""
 
 from __future__ import annotations
@@ -103,14 +103,13 @@ def test_a_run_chains_the_layers_each_on_its_own_cache() -> None:
         compose_decoder_layers(ops, layers, hidden, None, cos_sin, meta, caches[0:1], caches[2:4])
 
 
-def test_replace_gives_a_fresh_backend_cache() -> None:
+def test_the_description_carries_no_backend_state() -> None:
     layer = _layer(np.random.default_rng(2))
-    layer.backend_cache["x"] = 1
-    assert replace(layer, eps=1e-5).backend_cache == {}
-    assert layer.backend_cache == {"x": 1}
+    assert not hasattr(layer, "backend_cache")
+    assert replace(layer, eps=1e-5).key() != layer.key()
 
 
-def test_dense_layers_keep_one_description_until_a_weight_is_replaced(tmp_path: Path) -> None:
+def test_dense_layers_describe_their_current_weights(tmp_path: Path) -> None:
     from fd_core.backends import get_backend
     from fd_core.engine.model_runner import ModelRunner
     from fd_core.testing.checkpoints import generate_checkpoint
@@ -119,10 +118,10 @@ def test_dense_layers_keep_one_description_until_a_weight_is_replaced(tmp_path: 
     runner = ModelRunner(model, get_backend("cpu"), num_blocks=8, block_size=16)
     layer = runner.model.layers[0]
     first = layer.weights()
-    assert layer.weights() is first
+    assert layer.weights().key() == first.key()
     layer.mlp.down_proj.weight = SimpleNamespace(data=paddle.zeros_like(first.down))
     second = layer.weights()
-    assert second is not first and second.down is layer.mlp.down_proj.weight.data
+    assert second.down is layer.mlp.down_proj.weight.data and second.key() != first.key()
 
 
 def test_the_model_runs_consecutive_dense_layers_together() -> None:

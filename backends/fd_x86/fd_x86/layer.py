@@ -13,8 +13,12 @@ quantized with wint8, wint4 or w8a8, on fp32 CPU tensors (norm weights may
 be bf16/fp16 under ``--dtype``: upcast once, cached with the run), with the kernel
 ``fd_x86.linear`` would pick (the packed one; for wint8 above
 ``WINT8_PACKED_MAX_ROWS`` rows the contract layout's), when the layers share
-their shape (heads, eps, scale, rotary layout); anything else returns None
-and the separate ops run layer by layer (``fd_core.ops.decoder``).
+their shape (heads, eps, scale, rotary layout) and have no q/k norms or
+biases (the op has none; Qwen3's layers compose); anything else returns
+None and the separate ops run layer by layer (``fd_core.ops.decoder``).
+What a run needs (packed weights, widened norms, the op's argument lists) is
+cached by the run's content key (``fd_core.ops.content_key``), not by the
+layer objects, which the models build afresh each step.
 ``FD_X86_FUSED_LAYER=0`` turns it off (A/B comparisons).
 """
 
@@ -22,9 +26,12 @@ from __future__ import annotations
 
 import functools
 import os
+from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Any
 
 from fd_core.backends.cpu import num_threads
+from fd_core.ops.content_key import tensor_key
 from fd_core.ops.linear import QuantizedWeight
 from fd_x86 import ops as x86_ops
 from fd_x86.build import load_ops
@@ -33,10 +40,12 @@ from fd_x86.linear import _PACKED_METHOD, METHODS, WINT8_PACKED_MAX_ROWS, _packe
 __all__ = ["decoder_layers"]
 
 WINT8_CONTRACT = 3  # the op's kernel code for wint8 on the contract layout [out, in]
-CACHE_KEY = "x86"  # in DecoderLayerWeights.backend_cache: (the 4 linears, {contract?: their kernels' inputs})
-FITS_KEY = "x86.fits"  # in DecoderLayerWeights.backend_cache: ((cos_sin, k_cache, v_cache), bool)
-RUN_KEY = "x86.run"  # in the run's first layer's backend_cache: (the run's tensors, {contract?: the op's inputs})
 STEP_KEY = "x86.layer"  # in metadata.workspace: the step's index tensors
+# runs seen lately: content key -> the op's inputs for the run (None: the run does not fit).
+# A model has a few runs (one per span of dense layers) and two kernel choices per run;
+# an entry holds its tensors, so their memory (and so their keys) cannot be reused while cached
+MAX_RUNS = 32
+_RUNS: OrderedDict[Hashable, tuple[Any, Any]] = OrderedDict()
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,19 +54,13 @@ def _enabled() -> bool:
 
 
 def _fits(layer: Any, cos_sin: Any, k_cache: Any, v_cache: Any) -> bool:
-    """Whether the layer's norms, the rotary table and the caches are ones
-    the op takes (fp32, CPU, contiguous caches, Dh % 8 == 0) and the packed
-    kernels run here; checked once per (layer, cos_sin, caches)."""
-    key = (cos_sin, k_cache, v_cache)
-    seen = layer.backend_cache.get(FITS_KEY)
-    if seen is not None and all(a is b for a, b in zip(seen[0], key)):
-        return seen[1]  # type: ignore[no-any-return]
-    fits = (_use_packed("auto") and x86_ops._host(cos_sin, k_cache, v_cache)
-            and all(n.place.is_cpu_place() and n.dtype in _norm_dtypes() for n in (layer.input_norm, layer.post_norm))
-            and len(k_cache.shape) == 3 and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and layer.head_dim % 8 == 0 and cos_sin.shape[-1] == layer.head_dim)
-    layer.backend_cache[FITS_KEY] = (key, bool(fits))
-    return bool(fits)
+    """Whether the op takes this layer: no q/k norms or biases (the op has
+    none), norms, rotary table and caches it reads (fp32 caches, CPU,
+    contiguous, Dh % 8 == 0), and the packed kernels run here."""
+    return bool(layer.plain and _use_packed("auto") and x86_ops._host(cos_sin, k_cache, v_cache)
+                and all(n.place.is_cpu_place() and n.dtype in _norm_dtypes() for n in (layer.input_norm, layer.post_norm))
+                and len(k_cache.shape) == 3 and k_cache.is_contiguous() and v_cache.is_contiguous()
+                and layer.head_dim % 8 == 0 and cos_sin.shape[-1] == layer.head_dim)
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,49 +71,36 @@ def _norm_dtypes() -> tuple[Any, ...]:
 
 def _fp32(norm: Any) -> Any:
     """A norm weight as the op takes it (fp32, contiguous). With ``--dtype
-    bfloat16|float16`` it is upcast here, once per run cache entry: ``[D]``
-    per norm, so the fused path keeps running with 16-bit weights elsewhere."""
+    bfloat16|float16`` it is upcast here, once per cached run: ``[D]`` per
+    norm, so the fused path keeps running with 16-bit weights elsewhere."""
     if norm.dtype != x86_ops._paddle().float32:
         norm = norm.astype("float32")
     return x86_ops._dense(norm)
 
 
-def _packed_linears(layer: Any, rows: int) -> tuple[list[Any], list[int], list[int], list[int]] | None:
+def _packed_linears(layer: Any, contract: bool) -> tuple[list[Any], list[int], list[int], list[int]] | None:
     """The four linears' (weight, scales) tensors, kernel codes, output
-    widths and wint4 groups; None when one has no kernel here. Cached on the
-    layer (``layer.backend_cache``) per kernel choice."""
-    contract = rows > WINT8_PACKED_MAX_ROWS
-    quants = (layer.qkv, layer.o, layer.up_gate, layer.down)
-    cache = layer.backend_cache.get(CACHE_KEY)
-    fresh = cache is not None and all(a is b for a, b in zip(cache[0], quants))
-    if fresh and contract in cache[1]:
-        return cache[1][contract]  # type: ignore[no-any-return]
+    widths and wint4 groups; None when one has no kernel here."""
     weights, methods, widths, groups = [], [], [], []
-    answer: tuple[list[Any], list[int], list[int], list[int]] | None = None
-    for quant in quants:
+    for quant in (layer.qkv, layer.o, layer.up_gate, layer.down):
         if not isinstance(quant, QuantizedWeight) or quant.method not in METHODS:
-            break
+            return None
         if quant.method == "wint8" and contract:
             # the contract layout's kernel, as fd_x86.linear picks at this many rows
             if len(quant.qweight.shape) != 2 or not quant.qweight.is_contiguous() \
                     or not quant.scales.is_contiguous():
-                break
+                return None
             weights += [quant.qweight, quant.scales]
             methods.append(WINT8_CONTRACT)
         else:
             packed = _packed(quant)
             if packed is None:
-                break
+                return None
             weights += packed
             methods.append(_PACKED_METHOD[quant.method])
         widths.append(int(quant.out_features))
         groups.append(int(quant.group_size) if quant.group_size and quant.group_size > 0 else -1)
-    else:
-        answer = (weights, methods, widths, groups)
-    if not fresh:
-        cache = layer.backend_cache[CACHE_KEY] = (quants, {})
-    cache[1][contract] = answer
-    return answer
+    return weights, methods, widths, groups
 
 
 def _step_inputs(metadata: Any) -> tuple[Any, ...]:
@@ -135,41 +125,47 @@ def _same_shape(layers: list[Any]) -> bool:
     )
 
 
+def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any],
+               contract: bool) -> tuple[list[Any], list[Any], list[Any], list[Any], list[int], list[int], list[int]] | None:
+    if not (len(layers) == len(k_caches) == len(v_caches)) or not _same_shape(layers):
+        return None
+    norms: list[Any] = []
+    weights: list[Any] = []
+    methods: list[int] = []
+    widths: list[int] = []
+    groups: list[int] = []
+    for layer, k_cache, v_cache in zip(layers, k_caches, v_caches):
+        linears = _packed_linears(layer, contract) if _fits(layer, cos_sin, k_cache, v_cache) else None
+        if linears is None:
+            return None
+        norms += [_fp32(layer.input_norm), _fp32(layer.post_norm)]
+        weights += linears[0]
+        methods += linears[1]
+        widths += linears[2]
+        groups += linears[3]
+    return norms, list(k_caches), list(v_caches), weights, methods, widths, groups
+
+
 def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any],
                 rows: int) -> tuple[list[Any], list[Any], list[Any], list[Any], list[int], list[int], list[int]] | None:
     """The op's per-layer inputs for the run (norms, caches, weights and the
     kernels' codes, widths and groups), or None when a layer does not fit.
-    Cached on the first layer, keyed on every tensor of the run (the layers'
-    own, so a weight assigned on a layer in place is not missed)."""
-    key = (cos_sin, *k_caches, *v_caches,
-           *(t for layer in layers
-             for t in (layer.input_norm, layer.post_norm, layer.qkv, layer.o, layer.up_gate, layer.down)))
+    Cached by content (``fd_core.ops.content_key``): the layers' keys, the
+    caches' and the rotary table's memory, and the kernel choice, so a
+    weight replaced or written in place through paddle is seen."""
     contract = rows > WINT8_PACKED_MAX_ROWS
-    cache = layers[0].backend_cache.get(RUN_KEY)
-    fresh = cache is not None and len(cache[0]) == len(key) and all(a is b for a, b in zip(cache[0], key))
-    if fresh and contract in cache[1]:
-        return cache[1][contract]  # type: ignore[no-any-return]
-    answer = None
-    if len(layers) == len(k_caches) == len(v_caches) and _same_shape(layers):
-        norms: list[Any] = []
-        weights: list[Any] = []
-        methods: list[int] = []
-        widths: list[int] = []
-        groups: list[int] = []
-        for layer, k_cache, v_cache in zip(layers, k_caches, v_caches):
-            linears = _packed_linears(layer, rows) if _fits(layer, cos_sin, k_cache, v_cache) else None
-            if linears is None:
-                break
-            norms += [_fp32(layer.input_norm), _fp32(layer.post_norm)]
-            weights += linears[0]
-            methods += linears[1]
-            widths += linears[2]
-            groups += linears[3]
-        else:
-            answer = (norms, list(k_caches), list(v_caches), weights, methods, widths, groups)
-    if not fresh:
-        cache = layers[0].backend_cache[RUN_KEY] = (key, {})
-    cache[1][contract] = answer
+    key = (contract, tensor_key(cos_sin, version=False), *(tensor_key(c, version=False) for c in k_caches),
+           *(tensor_key(c, version=False) for c in v_caches), *(layer.key() for layer in layers))
+    entry = _RUNS.get(key)
+    if entry is not None:
+        _RUNS.move_to_end(key)
+        return entry[1]  # type: ignore[no-any-return]
+    answer = _build_run(layers, cos_sin, k_caches, v_caches, contract)
+    # the entry holds every tensor its key names (through the layers), so their memory,
+    # and with it the key, cannot be reused while it is cached
+    _RUNS[key] = ((layers, cos_sin, k_caches, v_caches), answer)
+    while len(_RUNS) > MAX_RUNS:
+        _RUNS.popitem(last=False)
     return answer
 
 

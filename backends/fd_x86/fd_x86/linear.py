@@ -12,8 +12,8 @@ only when it is not contiguous fp32). Layouts (the fd-core contract):
 On AVX-512 VNNI CPUs the first call repacks the weight once into blocks of
 16 output channels (``pack_weight``; see ``csrc/kernels.h``) and caches it on
 the ``QuantizedWeight`` (``quant.backend_cache["x86"]``, keyed by the
-``qweight`` / ``scales`` tensor objects: replacing them repacks, writing
-into them in place does not). That costs one more copy of the weight
+content keys of ``qweight`` / ``scales``, ``fd_core.ops.content_key``:
+replacing them or writing into them through paddle repacks). That costs one more copy of the weight
 (about its size), in transparent huge pages (``fd_x86.memory``);
 ``FD_X86_REPACK=0`` turns it off (the contract-layout
 kernels then run, several times slower at batch > 1).
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fd_core.backends.cpu import num_threads
+from fd_core.ops.content_key import tensor_key
 from fd_x86.build import load_ops
 from fd_x86.memory import host_tensor
 
@@ -98,12 +99,15 @@ def _packed(quant: Any) -> tuple[Any, Any] | None:
             quant.backend_cache = cache
         except (AttributeError, TypeError):  # frozen / slotted: repacking per call would cost more
             return None
+    key = (tensor_key(quant.qweight), tensor_key(quant.scales))
     entry = cache.get("x86")
-    if entry is not None and entry[0] is quant.qweight and entry[1] is quant.scales:
+    if entry is not None and entry[0] == key:
         return entry[2], entry[3]
     w, s = pack_weight(quant.method, quant.qweight.numpy(), quant.scales.numpy())
     packed_w, packed_s = host_tensor(w), host_tensor(np.ascontiguousarray(s, dtype=np.float32))
-    cache["x86"] = (quant.qweight, quant.scales, packed_w, packed_s)
+    # the entry holds the tensors its key names: were they freed, a new tensor could
+    # take their memory (and so their key) while the entry still answered for it
+    cache["x86"] = (key, (quant.qweight, quant.scales), packed_w, packed_s)
     return packed_w, packed_s
 
 

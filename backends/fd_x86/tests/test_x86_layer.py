@@ -485,18 +485,39 @@ def test_ops_decoder_layers_composes_a_mixed_step(x86_ops: Any, monkeypatch: pyt
 
 
 def test_cached_kernel_inputs_follow_a_replaced_weight(x86_ops: Any) -> None:
-    """The layer caches its kernels' inputs; a linear replaced on the same
-    DecoderLayerWeights (or a dataclasses.replace copy) is not answered from
-    the stale cache."""
+    """The run's kernel inputs are cached by content: a linear replaced on the
+    same DecoderLayerWeights, a dataclasses.replace copy, or a norm written in
+    place through paddle is not answered from the stale entry."""
     layer, other = _layer("wint8"), _layer("w8a8")
     step = _step(2, True, seed=44)
     _run_fused(layer, step)
     layer.o = other.o
     _assert_same(_run_fused(layer, step), _run_composed(x86_ops, layer, step), 1e-5, 1e-5)
     copy = replace(layer, down=other.down)
-    assert copy.backend_cache == {}
     _assert_same(_run_fused(copy, step), _run_composed(x86_ops, copy, step), 1e-5, 1e-5)
+    copy = replace(copy, post_norm=copy.post_norm.clone())  # its own norm, to write into
+    before = _run_fused(copy, step)
+    paddle.assign(copy.post_norm * 1.5, output=copy.post_norm)  # an in-place write paddle counts
+    after = _run_fused(copy, step)
+    _assert_same(after, _run_composed(x86_ops, copy, step), 1e-5, 1e-5)
+    assert not np.allclose(after[0][0].numpy(), before[0][0].numpy())
 
+
+def test_layers_with_qk_norms_or_biases_are_declined(x86_ops: Any) -> None:
+    """The op has no q/k norms or biases: such a layer (Qwen3's) is declined
+    and composes to the same result as the reference."""
+    base = _layer("wint8")
+    dh = base.head_dim
+    rng = np.random.default_rng(5)
+    for extra in ({"q_norm": _t(rng.normal(1, 0.1, dh).astype(np.float32)),
+                   "k_norm": _t(rng.normal(1, 0.1, dh).astype(np.float32))},
+                  {"o_bias": _t(rng.normal(0, 0.1, base.post_norm.shape[0]).astype(np.float32))}):
+        layer = replace(base, **extra)
+        step = _step(2, True, seed=46)
+        hidden, residual = step.inputs()
+        k_cache, v_cache = step.caches()
+        assert fused.decoder_layers([layer], hidden, residual, step.cos_sin, step.meta(), [k_cache],
+                                    [v_cache]) is None
 
 
 # ------------------------------------------------------------ runs of layers

@@ -9,7 +9,10 @@ weights and every quantization method the backend lists. The backend runs
 hooks); the reference chains its own kernels
 (``fd_core.ops.decoder.compose_decoder_layers``). Each layer reads the cache
 it has just written, so a wrong store, or a layer given another's cache,
-shows in the outputs.
+shows in the outputs. The layer's optional parts (Qwen3's q/k norms with
+half-split rotary; q/k/v and output biases) run in their own cases: a
+backend's fused kernel answers them or declines, and either way the result
+is the reference's.
 """
 
 from __future__ import annotations
@@ -48,12 +51,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("method", ["none", *methods])
 
 
-def _weights(rng: np.random.Generator, step: Step) -> dict[str, np.ndarray]:
+# the optional parts of a layer: name -> (tensors it adds, interleaved rotary)
+VARIANTS = {"plain": ((), True), "qk-norm": (("q_norm", "k_norm"), False), "biases": (("qkv_bias", "o_bias"), True)}
+
+
+def _weights(rng: np.random.Generator, step: Step, variant: str = "plain") -> dict[str, np.ndarray]:
     q, kv = step.heads * step.head_dim, step.kv_heads * step.head_dim
     shapes = {"qkv": (HIDDEN, q + 2 * kv), "o": (q, HIDDEN), "up_gate": (HIDDEN, 2 * INTER), "down": (INTER, HIDDEN)}
     out = {name: rng.normal(0, shape[0] ** -0.5, shape).astype(np.float32) for name, shape in shapes.items()}
     out["input_norm"] = rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32)
     out["post_norm"] = rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32)
+    extra_sizes = {"q_norm": step.head_dim, "k_norm": step.head_dim, "qkv_bias": q + 2 * kv, "o_bias": HIDDEN}
+    for name in VARIANTS[variant][0]:
+        low, high = (0.5, 1.5) if name.endswith("norm") else (-0.5, 0.5)
+        out[name] = rng.uniform(low, high, extra_sizes[name]).astype(np.float32)
     return out
 
 
@@ -67,9 +78,10 @@ def _layer(fd: Harness, on_reference: bool, step: Step, method: str, w: dict[str
         with fd.on_host():
             quant = _reference_quantizer(method)(method, fd.host(w[name]))
         linears[name] = quant if on_reference else replace_tensors(quant, lambda t: t.to(fd.place))
+    extras = {name: put(w[name]) for name in ("q_norm", "k_norm", "qkv_bias", "o_bias") if name in w}
     return DecoderLayerWeights(
         put(w["input_norm"]), put(w["post_norm"]), 1e-5, num_heads=step.heads, num_kv_heads=step.kv_heads,
-        head_dim=step.head_dim, scale=step.head_dim**-0.5, interleaved_rope=True, **linears,
+        head_dim=step.head_dim, scale=step.head_dim**-0.5, interleaved_rope="q_norm" not in w, **linears, **extras,
     )
 
 
@@ -105,8 +117,18 @@ def _run(fd: Harness, on_reference: bool, step: Step, method: str, data: dict[st
 @pytest.mark.parametrize("with_residual", [False, True], ids=["first-layer", "residual"])
 @pytest.mark.parametrize("step", LAYER_STEPS, ids=[s.name for s in LAYER_STEPS])
 def test_decoder_layers(conformance: Harness, step: Step, method: str, with_residual: bool, num_layers: int) -> None:
-    fd = conformance
-    rng = case_rng("decoder-layers", step.name, method, with_residual, num_layers)
+    _check_layers(conformance, step, method, with_residual, num_layers, "plain")
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "plain"])
+@pytest.mark.parametrize("step", LAYER_STEPS, ids=[s.name for s in LAYER_STEPS])
+def test_decoder_layer_variants(conformance: Harness, step: Step, variant: str) -> None:
+    _check_layers(conformance, step, "none", True, 2, variant)
+
+
+def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num_layers: int, variant: str) -> None:
+    rng = case_rng("decoder-layers", step.name, method, with_residual, num_layers,
+                   *(() if variant == "plain" else (variant,)))
     num_blocks, tables = _block_tables(step, rng)
     ctx_slots = _context(step, tables, rng)
     tokens = sum(step.query_lens)
@@ -114,7 +136,7 @@ def test_decoder_layers(conformance: Harness, step: Step, method: str, with_resi
         cos_sin = rope_cos_sin(step.head_dim, max(step.seq_lens) + 8, 10000.0).numpy()
     ctx_shape = (len(ctx_slots), step.kv_heads, step.head_dim)
     data = {
-        "weights": [_weights(rng, step) for _ in range(num_layers)],
+        "weights": [_weights(rng, step, variant) for _ in range(num_layers)],
         "hidden": fd.rounded(rng.normal(0, 1, (tokens, HIDDEN))),
         "residual": fd.rounded(rng.normal(0, 1, (tokens, HIDDEN))),
         "cos_sin": cos_sin,
@@ -127,8 +149,9 @@ def test_decoder_layers(conformance: Harness, step: Step, method: str, with_resi
     tol = fd.tol().looser(W8A8_TOLERANCE if method == "w8a8" else LAYER_TOLERANCE)
     if fd.override is not None:
         tol = fd.override
-    case = (f"{step.name}: {method} layers={num_layers} D={HIDDEN} I={INTER} H={step.heads} Hkv={step.kv_heads} "
-            f"Dh={step.head_dim} query_lens={step.query_lens} seq_lens={step.seq_lens} residual={with_residual} "
-            f"dtype={fd.dtype}")
+    parts = method if variant == "plain" else f"{method} {variant}"
+    case = (f"{step.name}: {parts} layers={num_layers} D={HIDDEN} I={INTER} H={step.heads} "
+            f"Hkv={step.kv_heads} Dh={step.head_dim} query_lens={step.query_lens} seq_lens={step.seq_lens} "
+            f"residual={with_residual} dtype={fd.dtype}")
     fd.assert_close("decoder_layers", case + " (hidden)", got[0], want[0], tol)
     fd.assert_close("decoder_layers", case + " (residual)", got[1], want[1], tol)

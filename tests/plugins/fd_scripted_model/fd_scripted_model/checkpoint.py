@@ -6,6 +6,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 __all__ = ["ARCHITECTURE", "make_checkpoint"]
 
@@ -79,3 +80,17 @@ def make_checkpoint(path: str | Path, script: str, marker: str = "Assistant: ") 
         str(out / "model.safetensors"),
     )
     return out
+
+
+def generate(path: str | Path, shape: str, naming: str = "pytorch", seed: int = 0, dtype: str = "bfloat16",
+             shards: int = 1, **overrides: Any) -> Path:
+    """The plugin's checkpoint generator (``fd_register_checkpoint_generators``):
+    shape ``scripted-hello`` answers "Hello from a plugin." to any chat prompt.
+    The scripted model has no weights to draw, so seed and dtype change nothing;
+    it has one naming and one file."""
+    if shape != "scripted-hello":
+        raise ValueError(f"unknown scripted-model shape {shape!r}; expected 'scripted-hello'")
+    if shards != 1 or overrides:
+        raise ValueError(f"the scripted model takes no shards or config overrides, got shards={shards}, "
+                         f"{sorted(overrides)}")
+    return make_checkpoint(path, "Hello from a plugin.")

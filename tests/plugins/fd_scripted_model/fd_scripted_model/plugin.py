@@ -15,3 +15,8 @@ def fd_register_models(registry: Any) -> None:
     # "module:attr": the model module imports paddle, so it loads only when
     # a checkpoint naming this architecture is opened.
     registry.register(ARCHITECTURE, "fd_scripted_model.model:ScriptedModel")
+
+
+@hookimpl
+def fd_register_checkpoint_generators(registry: Any) -> None:
+    registry.register("scripted-hello", "fd_scripted_model.checkpoint:generate")
