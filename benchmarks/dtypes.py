@@ -10,7 +10,12 @@ fp8 KV, bf16 weights + int8 KV) on one backend, the same engine workload:
 - KV capacity: sequences of ``--max-model-len`` tokens that fit in the same
   ``--kv-gib`` of memory, and its ratio to fp32;
 - greedy agreement with fp32 over ``--prompts`` prompts x ``--tokens``
-  tokens (the fraction of sequences identical throughout).
+  tokens (the fraction of sequences identical throughout);
+- the memory floor: the time to read the configuration's resident weight
+  bytes once (numpy sums over a buffer of that size, one thread per core
+  fd-core uses, median of several reads, timed in the same run), and the
+  decode step's time as a multiple of it ("x read"). At batch 1 a decode
+  step must read every weight once, so this is its memory-bound ceiling.
 
     python benchmarks/dtypes.py                                   # tiny-dense, x86 if usable
     python benchmarks/dtypes.py --shape 0.3b --backend x86 --batch 1
@@ -59,6 +64,25 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def read_seconds(nbytes: int, threads: int, repeats: int = 7) -> float:
+    """Median time to read ``nbytes`` of memory once, with ``threads`` threads
+    (numpy's sum releases the GIL; each thread sums its own contiguous part)."""
+    import threading
+
+    buf = np.ones(max(1, nbytes // 8), dtype=np.int64)
+    parts = np.array_split(buf, max(1, threads))
+    times = []
+    for _ in range(repeats):
+        workers = [threading.Thread(target=part.sum) for part in parts]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def decode_seconds(llm: LLM, prompts: list[list[int]], tokens: int) -> float:
@@ -115,16 +139,24 @@ def main(argv: list[str] | None = None) -> int:
     greedy = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
     outputs = {n: [o.outputs[0].token_ids for o in engines[n].generate(
         [{"prompt_token_ids": p} for p in probes], greedy, use_tqdm=False)] for n in names}
+    from fd_core.backends.cpu import num_threads
+
     rows = []
     for name in names:
         runner = engines[name].engine.core.runner
+        nbytes = weight_bytes(runner.model)
+        step_s = statistics.median(seconds[name]) / args.steps
+        read_s = read_seconds(nbytes, num_threads())
         kv_dtype = runner.kv_caches[0].dtype if runner.kv_caches else "float32"
         per_block = ModelRunner.kv_bytes_per_block(runner.config, BLOCK, kv_dtype)
         seq_blocks = -(-args.max_model_len // BLOCK)
         tok_s = args.batch * args.steps / statistics.median(seconds[name])
         rows.append({
             "config": name, "backend": engines[name].engine.core.backend.name, "kv_dtype": kv_dtype,
-            "weights_mib": weight_bytes(runner.model) / (1 << 20),
+            "weights_mib": nbytes / (1 << 20),
+            "step_ms": step_s * 1e3,
+            "weight_read_ms": read_s * 1e3,
+            "step_vs_read": step_s / read_s,
             "kv_bytes_per_token": per_block / BLOCK,
             "sequences_in_kv_gib": int(args.kv_gib * (1 << 30) // (per_block * seq_blocks)),
             "decode_tok_s": tok_s,
@@ -141,11 +173,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(header)
     print(f"{'config':14} {'backend':8} {'weights MiB':>11} {'KV B/token':>10} {'seqs in ' + str(args.kv_gib) + ' GiB':>14} "
-          f"{'x fp32':>6} {'decode tok/s':>12} {'x fp32':>6} {'greedy = fp32':>13}")
+          f"{'x fp32':>6} {'decode tok/s':>12} {'x fp32':>6} {'step ms':>8} {'read ms':>8} {'x read':>6} "
+          f"{'greedy = fp32':>13}")
     for r in rows:
         print(f"{r['config']:14} {r['backend']:8} {r['weights_mib']:11.1f} {r['kv_bytes_per_token']:10.0f} "
               f"{r['sequences_in_kv_gib']:14d} {r['capacity_vs_fp32']:6.2f} {r['decode_tok_s']:12.1f} "
-              f"{r['speed_vs_fp32']:6.2f} {r['identical']:13.0%}")
+              f"{r['speed_vs_fp32']:6.2f} {r['step_ms']:8.1f} {r['weight_read_ms']:8.1f} {r['step_vs_read']:6.2f} "
+              f"{r['identical']:13.0%}")
     return 0
 
 
