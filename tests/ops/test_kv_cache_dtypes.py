@@ -205,7 +205,8 @@ def test_copy_between_pools_of_different_dtypes_is_refused():
 @pytest.mark.parametrize("kv_dtype", LOW)
 def test_every_backend_declaring_a_kv_dtype_runs_it(kv_dtype):
     """The built-in backends that declare a KV dtype run the attention ops on
-    it through ``Ops`` (fd_x86 answers None for non-fp32 pools, the reference runs)."""
+    it through ``Ops`` (fd_x86's native ops on AVX-512: the same stored values,
+    fp32 math in another order, so equal to 1e-5 of the output's scale)."""
     for name in ("cpu", "x86"):
         try:
             backend = get_backend(name)
@@ -220,4 +221,5 @@ def test_every_backend_declaring_a_kv_dtype_runs_it(kv_dtype):
         q = paddle.to_tensor(_rows(8, (20, 8, 32)))
         out = ops.prefill_attention(q, paddle.to_tensor(x), paddle.to_tensor(x), k_cache, v_cache, meta, 0.2)
         ref = reference_prefill_attention(q, paddle.to_tensor(x), paddle.to_tensor(x), k_cache, v_cache, meta, 0.2)
-        np.testing.assert_array_equal(out.numpy(), ref.numpy())
+        want = ref.numpy()
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))

@@ -2,13 +2,19 @@
 
 Device hooks are the CPU reference's (same memory, same ``cpu`` place, gloo).
 Kernel hooks answered by paddle custom C++ ops: ``fd_linear`` for
-``QuantizedWeight``s of wint8, wint4 and w8a8 (``fd_x86.linear``), and for
+``QuantizedWeight``s of wint8, wint4 and w8a8 (``fd_x86.linear``) and for
+unquantized bf16 / fp16 weights on AVX-512 CPUs (``fd_x86.dense16``: widened
+in registers, or an avx512_bf16 GEMM from 16 rows; ``FD_X86_DENSE16=0`` turns
+it off), and for
 fp32 CPU tensors ``fd_rms_norm``, ``fd_silu_and_mul``,
 ``fd_rotary_embedding``, ``fd_write_kv_cache``, ``fd_decode_attention`` and
-``fd_prefill_attention`` (``fd_x86.ops``); the optional fusions
+``fd_prefill_attention`` (``fd_x86.ops``; the KV ops over fp32 pools, and
+on AVX-512 CPUs over bfloat16 / float16 / int8 / fp8 pools too: writes
+bit-identical to the reference's, attention widening the rows in registers);
+the optional fusions
 ``fd_rope_and_write_kv_cache`` and, for decode steps with packed quantized
 weights, ``fd_decoder_layers`` (``fd_x86.layer``); ``fd_moe_experts`` for
-quantized experts (``fd_x86.moe``). Unquantized linears and experts, routing,
+quantized experts (``fd_x86.moe``). fp32 linears, unquantized experts, routing,
 sampling, the cache allocation / block copies and any input those ops do not
 take return None here, so fd-core's reference answers.
 
@@ -84,8 +90,8 @@ def fd_device_memory(device_id: int) -> MemoryInfo:
 
 @hookimpl
 def fd_device_capabilities() -> Capabilities:
-    # KV dtypes: fp32 runs the native attention; the others run fd-core's reference
-    # attention (the hooks below answer None for them, see _fp32_pools)
+    # KV dtypes: all run the native KV ops on AVX-512 CPUs (fp32 only on AVX2 ones, where
+    # the hooks answer None for the others and fd-core's reference runs them)
     return Capabilities(quantization_methods=("wint8", "wint4", "w8a8"),
                         kv_cache_dtypes=("float32", "bfloat16", "float16", "int8", "fp8"))
 
@@ -97,11 +103,25 @@ def fd_set_device(device_id: int) -> str:
 
 @hookimpl
 def fd_linear(x: Tensor, weight: Tensor | None, bias: Tensor | None, quant: Any) -> Tensor | None:
-    """``x @ W + bias`` for wint8 / wint4 / w8a8 weights; None otherwise
-    (the reference answers), or when the ops cannot be built (logged once)."""
+    """``x @ W + bias`` for wint8 / wint4 / w8a8 weights and for unquantized
+    bf16 / fp16 CPU weights (``fd_x86.dense16``); None otherwise (the
+    reference answers), or when the ops cannot be built (logged once)."""
+    if _build_failed:
+        return None
+    if quant is None:
+        if weight is None or str(weight.dtype) not in ("paddle.bfloat16", "paddle.float16"):
+            return None
+        from fd_x86.dense16 import dense16_linear
+
+        try:
+            return dense16_linear(x, weight, bias)
+        except build.BuildError as exc:
+            _build_failed.append(str(exc))
+            logger.warning("fd_x86: %s; 16-bit linears fall back to fd-core's reference", exc)
+            return None
     from fd_x86.linear import METHODS, quantized_linear
 
-    if quant is None or quant.method not in METHODS or _build_failed:
+    if quant.method not in METHODS:
         return None
     try:
         out = quantized_linear(x, quant)
@@ -123,13 +143,6 @@ def _native(op: Callable[..., Any], *args: Any) -> Any:
         _build_failed.append(str(exc))
         logger.warning("fd_x86: %s; the native ops fall back to fd-core's reference", exc)
         return None
-
-
-def _fp32_pools(*caches: Any) -> bool:
-    """Whether every KV pool is an fp32 tensor, the only one the native
-    attention and fused-layer kernels read (an int8 / fp8 pool is a
-    ``QuantizedKV``, which has no dtype)."""
-    return all(str(getattr(c, "dtype", "")) == "paddle.float32" for c in caches)
 
 
 @hookimpl
@@ -156,8 +169,6 @@ def fd_rotary_embedding(q: Tensor, k: Tensor, positions: Tensor, cos_sin: Tensor
 
 @hookimpl
 def fd_write_kv_cache(k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, slot_mapping: Tensor) -> bool | None:
-    if not _fp32_pools(k_cache, v_cache):
-        return None
     from fd_x86 import ops
 
     return _native(ops.write_kv_cache, k, v, k_cache, v_cache, slot_mapping)
@@ -165,8 +176,6 @@ def fd_write_kv_cache(k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, sl
 
 @hookimpl
 def fd_decode_attention(q: Tensor, k_cache: KVPool, v_cache: KVPool, metadata: Any, scale: float) -> Tensor | None:
-    if not _fp32_pools(k_cache, v_cache):
-        return None
     from fd_x86 import ops
 
     return _native(ops.decode_attention, q, k_cache, v_cache, metadata, scale)
@@ -175,8 +184,6 @@ def fd_decode_attention(q: Tensor, k_cache: KVPool, v_cache: KVPool, metadata: A
 @hookimpl
 def fd_prefill_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, metadata: Any,
                          scale: float) -> Tensor | None:
-    if not _fp32_pools(k_cache, v_cache):
-        return None
     from fd_x86 import ops
 
     return _native(ops.prefill_attention, q, k, v, k_cache, v_cache, metadata, scale)
@@ -186,8 +193,6 @@ def fd_prefill_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: KVPool, v_cac
 def fd_rope_and_write_kv_cache(qkv: Tensor, positions: Tensor, cos_sin: Tensor, interleaved: bool, num_heads: int,
                                num_kv_heads: int, k_cache: KVPool, v_cache: KVPool,
                                slot_mapping: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
-    if not _fp32_pools(k_cache, v_cache):
-        return None
     from fd_x86 import ops
 
     return _native(ops.rope_and_write_kv_cache, qkv, positions, cos_sin, interleaved, num_heads, num_kv_heads,
@@ -198,8 +203,6 @@ def fd_rope_and_write_kv_cache(qkv: Tensor, positions: Tensor, cos_sin: Tensor, 
 def fd_decoder_layers(layers: Sequence[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor,
                       metadata: Any, k_caches: Sequence[KVPool],
                       v_caches: Sequence[KVPool]) -> tuple[Tensor, Tensor] | None:
-    if not _fp32_pools(*k_caches, *v_caches):
-        return None
     from fd_x86.layer import decoder_layers
 
     return _native(decoder_layers, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)

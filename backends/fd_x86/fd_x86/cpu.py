@@ -11,9 +11,13 @@ import functools
 import os
 from dataclasses import dataclass
 
-__all__ = ["AMX_MIN_ROWS", "CpuFeatures", "KernelChoice", "amx_enabled", "choose_kernels", "cpu_features"]
+__all__ = ["AMX_MIN_ROWS", "AVX512_FLAGS", "CpuFeatures", "DENSE16_GEMM_MIN_ROWS", "KernelChoice", "amx_enabled", "choose_kernels", "cpu_features"]
 
-AVX512_VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # the 16-bit dense and KV kernels
+AVX512_VNNI_FLAGS = (*AVX512_FLAGS, "avx512_vnni")
+AVX512_BF16_FLAG = "avx512_bf16"  # vdpbf16ps: the bf16 dense GEMM (fd_x86.dense16)
+# kernels.h's kDense16GemmMinRows: bf16 dense calls with this many rows run the GEMM
+DENSE16_GEMM_MIN_ROWS = 16
 AVX2_FLAGS = ("avx2", "fma")
 AMX_FLAGS = ("amx_tile", "amx_int8")
 # x86_linear_op.cc's kAmxMinRows: packed w8a8 calls with at least this many
@@ -68,6 +72,15 @@ def amx_enabled(features: CpuFeatures) -> bool:
     return features.has(*AMX_FLAGS, *AVX512_VNNI_FLAGS) and os.environ.get("FD_X86_AMX") != "0"
 
 
+def _dense16_line(features: CpuFeatures) -> str:
+    """fd_x86.dense16's kernels here (FD_X86_DENSE16=0 turns them off)."""
+    if os.environ.get("FD_X86_DENSE16") == "0":
+        return "bf16/fp16 dense: off (FD_X86_DENSE16=0), fd-core reference"
+    gemm = (f"avx512-bf16 vdpbf16ps GEMM from {DENSE16_GEMM_MIN_ROWS} rows" if features.has(AVX512_BF16_FLAG)
+            else f"no {AVX512_BF16_FLAG}: the stream kernel at every M")
+    return f"bf16/fp16 dense: avx512 fp32 FMA, weights widened in registers; bf16: {gemm}"
+
+
 def choose_kernels(features: CpuFeatures | None = None) -> KernelChoice:
     features = features or cpu_features()
     if features.has(*AVX512_VNNI_FLAGS):
@@ -80,6 +93,7 @@ def choose_kernels(features: CpuFeatures | None = None) -> KernelChoice:
         return KernelChoice("avx512", (
             w8a8,
             "wint8/wint4: avx512 fp32 FMA, weights dequantized in registers",
+            _dense16_line(features),
             DECODE_OPS,
         ))
     if features.has(*AVX2_FLAGS):

@@ -8,9 +8,12 @@ layers (all 18 of the 0.3B model) in one call with the same kernels as the
 separate ops: the norms, the packed quantized linears, the fused QKV /
 rotary / cache store and the paged decode attention.
 
-It answers decode-only steps whose layers' four linear weights are all
-quantized with wint8, wint4 or w8a8, on fp32 CPU tensors (norm weights may
-be bf16/fp16 under ``--dtype``: upcast once, cached with the run), with the kernel
+It answers decode-only steps whose layers' four linear weights are each
+quantized with wint8, wint4 or w8a8, or unquantized bf16 / fp16 (``--dtype
+bfloat16|float16``: ``fd_x86.dense16``'s kernel, in place), on fp32 CPU activations (norm weights
+may be bf16/fp16 under ``--dtype``: upcast once, cached with the run), over
+KV caches of any ``--kv-cache-dtype`` the native KV ops read (fp32; bf16,
+fp16, int8 and fp8 on AVX-512: ``fd_x86.ops._kv_parts``), with the kernel
 ``fd_x86.linear`` would pick (the packed one; for wint8 above
 ``WINT8_PACKED_MAX_ROWS`` rows the contract layout's), when the layers share
 their shape (heads, eps, scale, rotary layout) and have no q/k norms or
@@ -35,11 +38,13 @@ from fd_core.ops.content_key import tensor_key
 from fd_core.ops.linear import QuantizedWeight
 from fd_x86 import ops as x86_ops
 from fd_x86.build import load_ops
+from fd_x86.dense16 import dense16_enabled
 from fd_x86.linear import _PACKED_METHOD, METHODS, WINT8_PACKED_MAX_ROWS, _packed, _use_packed
 
 __all__ = ["decoder_layers"]
 
 WINT8_CONTRACT = 3  # the op's kernel code for wint8 on the contract layout [out, in]
+DENSE16 = {"paddle.bfloat16": 4, "paddle.float16": 5}  # its codes for 16-bit weights [in, out] (packed_linear.h)
 STEP_KEY = "x86.layer"  # in metadata.workspace: the step's index tensors
 # runs seen lately: content key -> the op's inputs for the run (None: the run does not fit).
 # A model has a few runs (one per span of dense layers) and two kernel choices per run;
@@ -53,13 +58,13 @@ def _enabled() -> bool:
     return os.environ.get("FD_X86_FUSED_LAYER", "1") != "0"
 
 
-def _fits(layer: Any, cos_sin: Any, k_cache: Any, v_cache: Any) -> bool:
+def _fits(layer: Any, cos_sin: Any, pools: tuple[Any, ...] | None) -> bool:
     """Whether the op takes this layer: no q/k norms or biases (the op has
-    none), norms, rotary table and caches it reads (fp32 caches, CPU,
-    contiguous, Dh % 8 == 0), and the packed kernels run here."""
-    return bool(layer.plain and _use_packed("auto") and x86_ops._host(cos_sin, k_cache, v_cache)
+    none), norms, rotary table and caches it reads (``pools``: the caches as
+    ``fd_x86.ops._kv_parts`` gives them, any KV dtype; Dh % 8 == 0), and the
+    packed kernels run here."""
+    return bool(layer.plain and pools is not None and _use_packed("auto") and x86_ops._host(cos_sin)
                 and all(n.place.is_cpu_place() and n.dtype in _norm_dtypes() for n in (layer.input_norm, layer.post_norm))
-                and len(k_cache.shape) == 3 and k_cache.is_contiguous() and v_cache.is_contiguous()
                 and layer.head_dim % 8 == 0 and cos_sin.shape[-1] == layer.head_dim)
 
 
@@ -83,7 +88,18 @@ def _packed_linears(layer: Any, contract: bool) -> tuple[list[Any], list[int], l
     widths and wint4 groups; None when one has no kernel here."""
     weights, methods, widths, groups = [], [], [], []
     for quant in (layer.qkv, layer.o, layer.up_gate, layer.down):
-        if not isinstance(quant, QuantizedWeight) or quant.method not in METHODS:
+        if not isinstance(quant, QuantizedWeight):
+            # an unquantized 16-bit weight, read in place by fd_x86.dense16's kernel
+            code = DENSE16.get(str(getattr(quant, "dtype", "")))
+            if code is None or not dense16_enabled() or len(quant.shape) != 2 or not quant.is_contiguous() \
+                    or not quant.place.is_cpu_place():
+                return None
+            weights += [quant, _no_scales()]
+            methods.append(code)
+            widths.append(int(quant.shape[1]))
+            groups.append(-1)
+            continue
+        if quant.method not in METHODS:
             return None
         if quant.method == "wint8" and contract:
             # the contract layout's kernel, as fd_x86.linear picks at this many rows
@@ -101,6 +117,12 @@ def _packed_linears(layer: Any, contract: bool) -> tuple[list[Any], list[int], l
         widths.append(int(quant.out_features))
         groups.append(int(quant.group_size) if quant.group_size and quant.group_size > 0 else -1)
     return weights, methods, widths, groups
+
+
+@functools.lru_cache(maxsize=1)
+def _no_scales() -> Any:
+    """The scales slot of a 16-bit weight (the op reads none): one fp32 value."""
+    return x86_ops._paddle().zeros([1], dtype="float32")
 
 
 def _step_inputs(metadata: Any) -> tuple[Any, ...]:
@@ -125,29 +147,40 @@ def _same_shape(layers: list[Any]) -> bool:
     )
 
 
-def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any],
-               contract: bool) -> tuple[list[Any], list[Any], list[Any], list[Any], list[int], list[int], list[int]] | None:
+Run = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any], list[int], list[int], list[int]]
+
+
+def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], contract: bool) -> Run | None:
     if not (len(layers) == len(k_caches) == len(v_caches)) or not _same_shape(layers):
         return None
     norms: list[Any] = []
+    k_data: list[Any] = []
+    v_data: list[Any] = []
+    k_scales: list[Any] = []
+    v_scales: list[Any] = []
     weights: list[Any] = []
     methods: list[int] = []
     widths: list[int] = []
     groups: list[int] = []
     for layer, k_cache, v_cache in zip(layers, k_caches, v_caches):
-        linears = _packed_linears(layer, contract) if _fits(layer, cos_sin, k_cache, v_cache) else None
-        if linears is None:
+        pools = x86_ops._kv_parts(k_cache, v_cache)
+        linears = _packed_linears(layer, contract) if _fits(layer, cos_sin, pools) else None
+        if linears is None or pools is None:
             return None
         norms += [_fp32(layer.input_norm), _fp32(layer.post_norm)]
+        k_data.append(pools[0])
+        v_data.append(pools[1])
+        # a float pool's scales entry is unused by the op: any fp32 tensor (the rotary table)
+        k_scales.append(cos_sin if pools[2] is None else pools[2])
+        v_scales.append(cos_sin if pools[3] is None else pools[3])
         weights += linears[0]
         methods += linears[1]
         widths += linears[2]
         groups += linears[3]
-    return norms, list(k_caches), list(v_caches), weights, methods, widths, groups
+    return norms, k_data, v_data, k_scales, v_scales, weights, methods, widths, groups
 
 
-def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any],
-                rows: int) -> tuple[list[Any], list[Any], list[Any], list[Any], list[int], list[int], list[int]] | None:
+def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], rows: int) -> Run | None:
     """The op's per-layer inputs for the run (norms, caches, weights and the
     kernels' codes, widths and groups), or None when a layer does not fit.
     Cached by content (``fd_core.ops.content_key``): the layers' keys, the
@@ -180,14 +213,14 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     inputs = _run_inputs(layers, cos_sin, k_caches, v_caches, rows)
     if inputs is None:
         return None
-    norms, k_list, v_list, weights, methods, widths, groups = inputs
+    norms, k_list, v_list, k_scales, v_scales, weights, methods, widths, groups = inputs
     positions, slots, tables, lens, block_size = _step_inputs(metadata)
     dense = x86_ops._dense
     hidden = dense(hidden)
     first = layers[0]
     out, total = load_ops().fd_x86_decoder_layers(
         hidden, hidden if residual is None else dense(residual), dense(cos_sin), positions, slots, tables, lens,
-        norms, k_list, v_list, weights, residual is not None, methods, widths, groups, float(first.eps),
+        norms, k_list, v_list, k_scales, v_scales, weights, residual is not None, methods, widths, groups, float(first.eps),
         int(first.num_heads), int(first.num_kv_heads), bool(first.interleaved_rope), block_size,
         float(first.scale), num_threads(),
     )

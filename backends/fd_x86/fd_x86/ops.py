@@ -6,6 +6,13 @@ tensors of a shape the native op handles (the reference answers then). Inputs
 are used in place when contiguous (the usual case: ``paddle.split`` copies),
 else copied once. A decode step makes ~6 of these calls per layer, so the
 wrappers do as little Python as they can.
+
+KV pools (``fd_core.ops.kv_storage``): the KV ops read and write fp32 pools
+on any CPU, and on one with AVX-512 F/BW/VL/DQ also bfloat16 / float16 pools
+and int8 / fp8 ``QuantizedKV`` pools (codes and scales passed to the ``_q8``
+ops), bit-identical to the reference's ``quantize`` on write and widening in
+registers on read; q, k, v themselves stay fp32. Without AVX-512 a non-fp32
+pool returns None.
 """
 
 from __future__ import annotations
@@ -45,6 +52,41 @@ def _host(*tensors: Any) -> bool:
         if t.dtype != f32:
             return False
     return bool(tensors[0].place.is_cpu_place())
+
+
+_AVX512: list[bool] = []  # [whether the CPU has what the non-fp32 KV kernels need], once
+_HALF_POOLS = ("paddle.bfloat16", "paddle.float16")
+
+
+def _avx512() -> bool:
+    if not _AVX512:
+        from fd_x86.cpu import cpu_features
+
+        _AVX512.append(cpu_features().has("avx512f", "avx512bw", "avx512vl", "avx512dq", "f16c"))
+    return _AVX512[0]
+
+
+def _kv_parts(k_cache: Any, v_cache: Any) -> tuple[Any, Any, Any, Any] | None:
+    """``(k data, v data, k scales, v scales)`` of a layer's two pools when the
+    native ops read them (scales None unless int8 / fp8), else None: a pool
+    off the CPU, not contiguous, of another dtype, or not fp32 without AVX-512."""
+    k_codes = getattr(k_cache, "codes", None)  # a QuantizedKV
+    if k_codes is not None:
+        v_codes = getattr(v_cache, "codes", None)
+        if v_codes is None or v_codes.dtype != k_codes.dtype or not _avx512():
+            return None
+        parts = (k_codes, v_codes, k_cache.scales, v_cache.scales)
+    else:
+        dtype = getattr(k_cache, "dtype", None)
+        if getattr(v_cache, "dtype", None) != dtype or (
+                dtype != _paddle().float32 and (str(dtype) not in _HALF_POOLS or not _avx512())):
+            return None
+        parts = (k_cache, v_cache, None, None)
+    if len(parts[0].shape) != 3 or not parts[0].place.is_cpu_place():
+        return None
+    if not all(p is None or p.is_contiguous() for p in parts):
+        return None
+    return parts
 
 
 def _dense(t: Any) -> Any:
@@ -91,11 +133,17 @@ def rotary_embedding(q: Any, k: Any, positions: Any, cos_sin: Any, interleaved: 
 
 def write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
     """Rows ``k, v [T, Hkv, Dh]`` into the reference layout's caches
-    ``[S, Hkv, Dh]`` at ``slot_mapping`` (-1: skipped), in place; True."""
-    if not _host(k, v, k_cache, v_cache) or len(k_cache.shape) != 3 or not k_cache.is_contiguous() \
-            or not v_cache.is_contiguous():
+    ``[S, Hkv, Dh]`` at ``slot_mapping`` (-1: skipped), rounded / quantized
+    to the pools' dtype, in place; True."""
+    parts = _kv_parts(k_cache, v_cache)
+    if parts is None or not _host(k, v):
         return None
-    load_ops().fd_x86_write_kv_cache(_dense(k), _dense(v), k_cache, v_cache, _int64(slot_mapping))
+    k_data, v_data, k_scales, v_scales = parts
+    if k_scales is None:
+        load_ops().fd_x86_write_kv_cache(_dense(k), _dense(v), k_data, v_data, _int64(slot_mapping))
+    else:
+        load_ops().fd_x86_write_kv_cache_q8(_dense(k), _dense(v), k_data, v_data, k_scales, v_scales,
+                                            _int64(slot_mapping))
     return True
 
 
@@ -103,13 +151,15 @@ def rope_and_write_kv_cache(qkv: Any, positions: Any, cos_sin: Any, interleaved:
                             num_kv_heads: int, k_cache: Any, v_cache: Any, slot_mapping: Any) -> Any:
     """Split ``qkv [T, (H + 2 Hkv) Dh]``, rotate q and k, store k and v in
     the caches at ``slot_mapping``, in one call -> ``(q, k, v)``."""
-    if not _host(qkv, cos_sin, k_cache, v_cache) or len(qkv.shape) != 2 or len(k_cache.shape) != 3 \
-            or not k_cache.is_contiguous() or not v_cache.is_contiguous():
+    parts = _kv_parts(k_cache, v_cache)
+    if parts is None or not _host(qkv, cos_sin) or len(qkv.shape) != 2:
         return None
-    return tuple(load_ops().fd_x86_qkv_rope_cache(
-        _dense(qkv), _int64(positions), _dense(cos_sin), _int64(slot_mapping), k_cache, v_cache,
-        int(num_heads), int(num_kv_heads), bool(interleaved), num_threads(),
-    ))
+    k_data, v_data, k_scales, v_scales = parts
+    head = (_dense(qkv), _int64(positions), _dense(cos_sin), _int64(slot_mapping), k_data, v_data)
+    tail = (int(num_heads), int(num_kv_heads), bool(interleaved), num_threads())
+    if k_scales is None:
+        return tuple(load_ops().fd_x86_qkv_rope_cache(*head, *tail))
+    return tuple(load_ops().fd_x86_qkv_rope_cache_q8(*head, k_scales, v_scales, *tail))
 
 
 def _tables(metadata: Any, key: str, first: int, last: int) -> tuple[Any, ...]:
@@ -126,32 +176,38 @@ def _tables(metadata: Any, key: str, first: int, last: int) -> tuple[Any, ...]:
     return tables  # type: ignore[no-any-return]
 
 
-def _attention_shapes_ok(q: Any, k_cache: Any, v_cache: Any) -> bool:
-    if not _host(q, k_cache, v_cache) or len(q.shape) != 3 or len(k_cache.shape) != 3:
-        return False
-    num_heads, head_dim, num_kv = q.shape[1], q.shape[2], k_cache.shape[1]
-    return (head_dim % 8 == 0 and num_heads % num_kv == 0 and k_cache.shape[2] == head_dim
-            and k_cache.is_contiguous() and v_cache.is_contiguous())
+def _attention_pools(q: Any, k_cache: Any, v_cache: Any) -> tuple[Any, ...] | None:
+    """The pools as the attention ops take them (``(k, v)``, or ``(k codes,
+    v codes, k scales, v scales)`` for the ``_q8`` ops), or None."""
+    parts = _kv_parts(k_cache, v_cache)
+    if parts is None or not _host(q) or len(q.shape) != 3:
+        return None
+    num_heads, head_dim, num_kv = q.shape[1], q.shape[2], parts[0].shape[1]
+    if head_dim % 8 or num_heads % num_kv or parts[0].shape[2] != head_dim:
+        return None
+    return parts if parts[2] is not None else parts[:2]
 
 
 def decode_attention(q: Any, k_cache: Any, v_cache: Any, metadata: Any, scale: float) -> Any:
     """``q [B, H, Dh]`` (the decode requests) over the paged reference-layout
     cache -> ``[B, H, Dh]``."""
-    if not _attention_shapes_ok(q, k_cache, v_cache) or q.shape[0] > metadata.num_decodes:
+    pools = _attention_pools(q, k_cache, v_cache)
+    if pools is None or q.shape[0] > metadata.num_decodes:
         return None
     tables, lens, _ = _tables(metadata, DECODE_KEY, 0, metadata.num_decodes)
-    return load_ops().fd_x86_decode_attention(
-        _dense(q), k_cache, v_cache, tables, lens, int(metadata.block_size), float(scale), num_threads()
-    )
+    ops = load_ops()
+    op = ops.fd_x86_decode_attention if len(pools) == 2 else ops.fd_x86_decode_attention_q8
+    return op(_dense(q), *pools, tables, lens, int(metadata.block_size), float(scale), num_threads())
 
 
 def prefill_attention(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, metadata: Any, scale: float) -> Any:
     """``q [Tp, H, Dh]`` (the prefill requests' new tokens, ragged), causal
     over the cache they were written into (``k``, ``v`` are read from there)
     -> ``[Tp, H, Dh]``."""
-    if not _attention_shapes_ok(q, k_cache, v_cache):
+    pools = _attention_pools(q, k_cache, v_cache)
+    if pools is None:
         return None
     tables, lens, qlens = _tables(metadata, PREFILL_KEY, metadata.num_decodes, metadata.num_reqs)
-    return load_ops().fd_x86_prefill_attention(
-        _dense(q), k_cache, v_cache, tables, lens, qlens, int(metadata.block_size), float(scale), num_threads()
-    )
+    ops = load_ops()
+    op = ops.fd_x86_prefill_attention if len(pools) == 2 else ops.fd_x86_prefill_attention_q8
+    return op(_dense(q), *pools, tables, lens, qlens, int(metadata.block_size), float(scale), num_threads())

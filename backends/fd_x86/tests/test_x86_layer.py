@@ -667,3 +667,98 @@ def test_the_model_runs_all_its_layers_in_one_fused_call_per_decode_step(
     assert not answered
     assert tokens == want_tokens
     np.testing.assert_array_equal(np.asarray(logprobs), np.asarray(want_logprobs))  # the same kernels
+
+
+# ------------------------------------------------------------ KV-cache dtypes
+
+
+def _typed_caches(step: Step, kv_dtype: str) -> tuple[Any, Any]:
+    """The step's start contents in a pool of ``kv_dtype`` (rounded / quantized as the reference stores them)."""
+    from fd_core.ops.kv_storage import allocate_pool, store_rows
+
+    rows, kv_heads, head_dim = step.k_start.shape
+    pools = []
+    for start in (step.k_start, step.v_start):
+        pool = allocate_pool(rows, kv_heads, head_dim, kv_dtype, host=True)
+        store_rows(_t(start), pool, _t(np.arange(rows, dtype=np.int64)))
+        pools.append(pool)
+    return pools[0], pools[1]
+
+
+def _pool_values(pool: Any) -> np.ndarray:
+    from fd_core.ops.kv_dtype import dequantize
+    from fd_core.ops.kv_storage import kv_dtype_of
+
+    codes = getattr(pool, "codes", None)
+    if codes is None:
+        return pool.astype("float32").numpy()
+    return dequantize(codes.numpy(), pool.scales.numpy(), kv_dtype_of(pool))
+
+
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "float16", "int8", "fp8"])
+@pytest.mark.parametrize("method", ["wint8", "w8a8"])
+def test_fused_layers_read_and_write_every_kv_dtype(x86_ops: Any, kv_dtype: str, method: str) -> None:
+    """Over a bf16 / fp16 / int8 / fp8 cache the fused run answers and equals
+    the separate native ops on the same pools: outputs and stored rows."""
+    from fd_x86 import ops as native
+
+    if not native._avx512():
+        pytest.skip("16- and 8-bit KV pools need AVX-512")
+    layers = [_layer(method), replace(_layer(method), post_norm=_layer("wint4").post_norm)]
+    step = _step(3, True, seed=61)
+    results = []
+    for fused_run in (True, False):
+        hidden, residual = step.inputs()
+        caches = [_typed_caches(step, kv_dtype) for _ in layers]
+        ks, vs = [c[0] for c in caches], [c[1] for c in caches]
+        if fused_run:
+            out = fused.decoder_layers(layers, hidden, residual, step.cos_sin, step.meta(), ks, vs)
+            assert out is not None, f"the fused run declined a {kv_dtype} cache"
+        else:
+            out = compose_decoder_layers(x86_ops, layers, hidden, residual, step.cos_sin, step.meta(), ks, vs)
+        results.append((out, ks, vs))
+    (got, got_k, got_v), (want, want_k, want_v) = results
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-4)
+    # a row stored from k / v that differ in the last bit may round to a neighbouring code
+    step_size = {"bfloat16": 2**-7, "float16": 2**-10, "int8": 1 / 127, "fp8": 2**-3}[kv_dtype]
+    for a, b in zip(got_k + got_v, want_k + want_v):
+        np.testing.assert_allclose(_pool_values(a), _pool_values(b), rtol=step_size, atol=step_size * 4)
+
+
+# ------------------------------------------------------------ 16-bit weights
+
+
+def _half_layer(dtype: str) -> DecoderLayerWeights:
+    """The fp32 layer's linears stored in ``dtype`` (norms stay fp32)."""
+    base = _layer(None)
+    return replace(base, qkv=base.qkv.astype(dtype), o=base.o.astype(dtype), up_gate=base.up_gate.astype(dtype),
+                   down=base.down.astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("batch", [1, 5])
+def test_fused_layers_run_16_bit_weights_like_the_separate_ops(x86_ops: Any, dtype: str, batch: int) -> None:
+    """bf16 / fp16 linears run inside the fused op with fd_x86.dense16's kernel
+    (stream below 16 rows: the reference's products exactly): the same
+    result as the separate native ops, also mixed with a quantized linear."""
+    from fd_x86.dense16 import dense16_enabled
+
+    if not dense16_enabled():
+        pytest.skip("no AVX-512 dense16 kernels here")
+    layer = _half_layer(dtype)
+    mixed = replace(layer, o=_layer("wint8").o)
+    step = _step(batch, True, seed=71)
+    for candidate in (layer, mixed):
+        _assert_same(_run_fused(candidate, step), _run_composed(x86_ops, candidate, step), 1e-5, 1e-5)
+
+
+def test_a_16_bit_weight_the_op_cannot_read_in_place_is_declined() -> None:
+    layer = _half_layer("bfloat16")
+    step = _step(2, True, seed=72)
+    hidden, residual = step.inputs()
+    k_cache, v_cache = step.caches()
+    strided = replace(layer, down=layer.down.transpose([1, 0]).transpose([1, 0]))  # a non-contiguous view
+    if strided.down.is_contiguous():
+        pytest.skip("paddle made the view contiguous")
+    assert fused.decoder_layers([strided], hidden, residual, step.cos_sin, step.meta(), [k_cache], [v_cache]) is None

@@ -70,3 +70,41 @@ void wint4_avx2(const LinearArgs& a);
 void w8a8_avx2(const LinearArgs& a);
 
 }  // namespace fdx86
+
+namespace fdx86 {
+
+// ------------------------------------------------------------------------
+// Dense linears on 16-bit weights (kernels_dense16.cc; AVX-512 F/BW/VL/DQ,
+// the bf16 GEMM also avx512_bf16). The reference's layout, read in place:
+//   W bf16 / fp16 [K, N] (row k = input k), x fp32 [M, K] (row stride ldx),
+//   out fp32 [M, N] = x @ widen(W) (+ bias fp32 [N]).
+// kDense16Stream: W widened in registers, fp32 FMA: the reference's products
+//   exactly, fp32 summation order aside. Any M, bf16 and fp16.
+// kDense16Gemm (bf16 W): vdpbf16ps on x rounded to bf16 (RNE), W packed per
+//   thread into [Kc/2][64][2] panels in scratch:
+//   |out - ref| <= 2^-9 * sum_k |x_k w_k| + fp32 summation.
+// kDense16Auto: the GEMM for bf16 weights with M >= kDense16GemmMinRows
+//   where the CPU has avx512_bf16, else the stream kernel.
+constexpr int kDense16Bf16 = 0, kDense16Fp16 = 1;  // Dense16Args::wtype
+constexpr int kDense16Auto = 0, kDense16Stream = 1, kDense16Gemm = 2;  // Dense16Args::kernel
+constexpr int64_t kDense16GemmMinRows = 16;
+
+struct Dense16Args {
+  int64_t M = 0, N = 0, K = 0;
+  const float* x = nullptr;  // [M, K], row stride ldx
+  int64_t ldx = 0;
+  const void* w = nullptr;   // [K, N] 16-bit, contiguous
+  int wtype = kDense16Bf16;
+  const float* bias = nullptr;  // [N] or null
+  float* out = nullptr;         // [M, N], contiguous
+  int threads = 1;              // OpenMP threads over the outputs
+  int kernel = kDense16Auto;
+};
+
+// Callers check the CPU first: AVX-512 F/BW/VL/DQ (kernels_cpu.cc-style
+// __builtin_cpu_supports); the GEMM is taken only where avx512_bf16 is present.
+void dense16_linear_avx512(const Dense16Args& a);
+bool dense16_has_bf16_dot();       // avx512_bf16 on this CPU
+int dense16_kernel(const Dense16Args& a);  // the kernel a call would run (kernel resolved)
+
+}  // namespace fdx86

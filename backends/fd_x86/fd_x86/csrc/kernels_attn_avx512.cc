@@ -15,6 +15,12 @@
 //           one V load per token and slice vector feeds every row.
 // Dh % 8 == 0; a Dh that is not a multiple of 16 runs its last vector masked.
 //
+// KV dtypes: the kernel is a template over the pool's element type (Kv*
+// below): bf16 / fp16 / int8 / fp8 rows are widened to fp32 in registers as
+// they are loaded (exactly: the same values fd_core's reference dequantizes),
+// and an int8 / fp8 row's scale multiplies its score (K) and its softmax
+// weight after the row sum (V). store_kv_avx512 writes those pools.
+//
 // Memory (the K / V rows come from DRAM in a decode step: the matmuls between
 // layers evict them): with enough requests a unit of work is a (request,
 // tile) with all its kv heads, each chunk's heads in turn, so a chunk's K
@@ -39,6 +45,61 @@
 namespace {
 
 using fdx86::AttentionArgs;
+using fdx86::KvDtype;
+
+// How the kernel reads a pool of one KvDtype: 16 elements -> an fp32 zmm
+// (exact), masked or not; kScaled: rows carry an fp32 scale, multiplied by
+// kScaleMul (a power of two folded out of the widening).
+struct KvF32 {
+  using T = float;
+  static constexpr bool kScaled = false;
+  static constexpr float kScaleMul = 1.0f;
+  static __m512 load(const T* p) { return _mm512_loadu_ps(p); }
+  static __m512 load(__mmask16 m, const T* p) { return _mm512_maskz_loadu_ps(m, p); }
+};
+
+struct KvBf16 {  // bf16 bits are an fp32's top half
+  using T = uint16_t;
+  static constexpr bool kScaled = false;
+  static constexpr float kScaleMul = 1.0f;
+  static __m512 widen(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+  static __m512 load(const T* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static __m512 load(__mmask16 m, const T* p) { return widen(_mm256_maskz_loadu_epi16(m, p)); }
+};
+
+struct KvF16 {
+  using T = uint16_t;
+  static constexpr bool kScaled = false;
+  static constexpr float kScaleMul = 1.0f;
+  static __m512 load(const T* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static __m512 load(__mmask16 m, const T* p) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+};
+
+struct KvInt8 {
+  using T = int8_t;
+  static constexpr bool kScaled = true;
+  static constexpr float kScaleMul = 1.0f;
+  static __m512 widen(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+  static __m512 load(const T* p) { return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static __m512 load(__mmask16 m, const T* p) { return widen(_mm_maskz_loadu_epi8(m, p)); }
+};
+
+// e4m3fn (bias 7) moved into fp16 (bias 15): exponent and mantissa shifted
+// left 7, sign to bit 15 (sign-extended, shifted, bit 14 cleared), so fp16
+// value = e4m3 value * 2^-8, subnormals included; kScaleMul puts the 2^8
+// back. Codes 0x7F / 0xFF (NaN in e4m3fn, never written: writes saturate at
+// 448) read as +-480.
+struct KvFp8 {
+  using T = uint8_t;
+  static constexpr bool kScaled = true;
+  static constexpr float kScaleMul = 256.0f;
+  static __m512 widen(__m128i b) {
+    const __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+    return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(static_cast<int16_t>(0xBFFF))));
+  }
+  static __m512 load(const T* p) { return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static __m512 load(__mmask16 m, const T* p) { return widen(_mm_maskz_loadu_epi8(m, p)); }
+};
 
 constexpr int64_t kChunk = 64;  // tokens per online-softmax step
 constexpr float kMasked = -1e30f;
@@ -85,12 +146,13 @@ inline __m512 reduce16(const __m512* v) {
                        _mm512_shuffle_f32x4(r0, r1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// The cache lines of one K / V row of Dh floats, into L1. K and V rows sit a
-// slot (Hkv * Dh floats) apart in shuffled blocks, which the hardware
+// The cache lines of one K / V row of Dh elements, into L1. K and V rows sit
+// a slot (Hkv * Dh elements) apart in shuffled blocks, which the hardware
 // prefetchers follow poorly: the loads stalled on memory without this.
-template <_mm_hint kHint>
-inline void prefetch_row(const float* row, int64_t Dh) {
-  for (int64_t d = 0; d < Dh; d += 16) _mm_prefetch(reinterpret_cast<const char*>(row + d), kHint);
+template <_mm_hint kHint, class T>
+inline void prefetch_row(const T* row, int64_t Dh) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < Dh * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(bytes + b, kHint);
 }
 
 inline __mmask16 tail_mask(int64_t rem) {
@@ -98,7 +160,8 @@ inline __mmask16 tail_mask(int64_t rem) {
 }
 
 // Lanes 0-7: query row qa . the 8 key rows kr[0..7]; lanes 8-15: qb . the same.
-inline __m512 scores_2x8(const float* qa, const float* qb, const float* const* kr, int64_t Dh) {
+template <class Kv>
+inline __m512 scores_2x8(const float* qa, const float* qb, const typename Kv::T* const* kr, int64_t Dh) {
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
@@ -107,7 +170,7 @@ inline __m512 scores_2x8(const float* qa, const float* qb, const float* const* k
     const __m512 xa = _mm512_loadu_ps(qa + d), xb = _mm512_loadu_ps(qb + d);
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
-      const __m512 k = _mm512_loadu_ps(kr[j] + d);
+      const __m512 k = Kv::load(kr[j] + d);
       acc[j] = _mm512_fmadd_ps(xa, k, acc[j]);
       acc[8 + j] = _mm512_fmadd_ps(xb, k, acc[8 + j]);
     }
@@ -117,7 +180,7 @@ inline __m512 scores_2x8(const float* qa, const float* qb, const float* const* k
     const __m512 xa = _mm512_maskz_loadu_ps(m, qa + d), xb = _mm512_maskz_loadu_ps(m, qb + d);
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
-      const __m512 k = _mm512_maskz_loadu_ps(m, kr[j] + d);
+      const __m512 k = Kv::load(m, kr[j] + d);
       acc[j] = _mm512_fmadd_ps(xa, k, acc[j]);
       acc[8 + j] = _mm512_fmadd_ps(xb, k, acc[8 + j]);
     }
@@ -126,21 +189,23 @@ inline __m512 scores_2x8(const float* qa, const float* qb, const float* const* k
 }
 
 // sc [rows, kChunk] = scores of qs [rows, Dh] against n <= kChunk key rows at
-// positions pos0.. (row t at k + t * stride); a query row sees positions
-// < limit[row]; other lanes, up to a multiple of 8, get kMasked. Prefetches
-// the next 8 key rows into L1 as it goes, and calls ahead(t) after the
-// first t rows (the stream prefetcher's pace).
-template <class Ahead>
-void chunk_scores(const float* qs, const float* k, int64_t stride, int64_t n, int64_t pos0, int64_t rows,
-                  int64_t Dh, const int32_t* limit, float* sc, const Ahead& ahead) {
+// positions pos0.. (row t at k + t * stride, times ks[t] when Kv::kScaled);
+// a query row sees positions < limit[row]; other lanes, up to a multiple of
+// 8, get kMasked. Prefetches the next 8 key rows into L1 as it goes, and
+// calls ahead(t) after the first t rows (the stream prefetcher's pace).
+template <class Kv, class Ahead>
+void chunk_scores(const float* qs, const typename Kv::T* k, int64_t stride, int64_t n, int64_t pos0, int64_t rows,
+                  int64_t Dh, const int32_t* limit, const float* ks, float* sc, const Ahead& ahead) {
   const __m512i lane8 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
   const __m512 masked = _mm512_set1_ps(kMasked);
   for (int64_t t0 = 0; t0 < n; t0 += 8) {
     const int64_t nt = n - t0 < 8 ? n - t0 : 8;
-    const float* kr[8];
+    const typename Kv::T* kr[8];
     for (int j = 0; j < 8; ++j) kr[j] = k + (t0 + (j < nt ? j : nt - 1)) * stride;
     for (int64_t t = t0 + 8; t < n && t < t0 + 16; ++t) prefetch_row<_MM_HINT_T0>(k + t * stride, Dh);
     ahead(t0 + nt);
+    __m512 kscale = _mm512_set1_ps(1.0f);
+    if constexpr (Kv::kScaled) kscale = _mm512_broadcast_f32x8(_mm256_loadu_ps(ks + t0));
     const __m512i pos = _mm512_add_epi32(lane8, _mm512_set1_epi32(static_cast<int32_t>(pos0 + t0)));
     const __mmask16 in_chunk = _mm512_cmplt_epi32_mask(lane8, _mm512_set1_epi32(static_cast<int32_t>(nt)));
     for (int64_t ra = 0; ra < rows; ra += 2) {
@@ -152,7 +217,8 @@ void chunk_scores(const float* qs, const float* k, int64_t stride, int64_t n, in
         _mm256_storeu_ps(outb, _mm512_castps512_ps256(masked));
         continue;
       }
-      const __m512 s = scores_2x8(qs + ra * Dh, qs + rb * Dh, kr, Dh);
+      __m512 s = scores_2x8<Kv>(qs + ra * Dh, qs + rb * Dh, kr, Dh);
+      if constexpr (Kv::kScaled) s = _mm512_mul_ps(s, kscale);
       const __m512i lim = _mm512_inserti64x4(_mm512_set1_epi32(limit[ra]),
                                              _mm256_set1_epi32(limit[rb]), 1);
       const __mmask16 keep = in_chunk & _mm512_cmplt_epi32_mask(pos, lim);
@@ -166,8 +232,8 @@ void chunk_scores(const float* qs, const float* k, int64_t stride, int64_t n, in
 // acc[r] = acc[r] * alpha[r] + sum_t p[r][t] v_t for RB rows (p row stride
 // kChunk, acc row stride Dh) and n value rows (row t at v + t * stride), in
 // Dh slices of NS vectors held in registers.
-template <int RB, int NS>
-void values_tile(const float* p, const float* alpha, const float* v, int64_t stride, int64_t n, int64_t Dh,
+template <class Kv, int RB, int NS>
+void values_tile(const float* p, const float* alpha, const typename Kv::T* v, int64_t stride, int64_t n, int64_t Dh,
                  float* acc) {
   for (int64_t d = 0; d < Dh; d += 16 * NS) {
     __mmask16 mk[NS];
@@ -178,10 +244,10 @@ void values_tile(const float* p, const float* alpha, const float* v, int64_t str
       for (int j = 0; j < NS; ++j)
         c[r][j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[j], acc + r * Dh + d + 16 * j), al);
     }
-    const float* vr = v + d;
+    const typename Kv::T* vr = v + d;
     for (int64_t t = 0; t < n; ++t, vr += stride) {
       __m512 vv[NS];
-      for (int j = 0; j < NS; ++j) vv[j] = _mm512_maskz_loadu_ps(mk[j], vr + 16 * j);
+      for (int j = 0; j < NS; ++j) vv[j] = Kv::load(mk[j], vr + 16 * j);
       for (int r = 0; r < RB; ++r) {
         const __m512 pb = _mm512_set1_ps(p[r * kChunk + t]);
         for (int j = 0; j < NS; ++j) c[r][j] = _mm512_fmadd_ps(pb, vv[j], c[r][j]);
@@ -192,22 +258,23 @@ void values_tile(const float* p, const float* alpha, const float* v, int64_t str
   }
 }
 
-void values(const float* p, const float* alpha, const float* v, int64_t stride, int64_t n, int64_t rows, int64_t Dh,
-            float* acc) {
+template <class Kv>
+void values(const float* p, const float* alpha, const typename Kv::T* v, int64_t stride, int64_t n, int64_t rows,
+            int64_t Dh, float* acc) {
   for (int64_t r0 = 0; r0 < rows; r0 += 8) {
     const int64_t rb = rows - r0 < 8 ? rows - r0 : 8;
     const float* pr = p + r0 * kChunk;
     const float* al = alpha + r0;
     float* ac = acc + r0 * Dh;
     switch (rb) {
-      case 8: values_tile<8, 2>(pr, al, v, stride, n, Dh, ac); break;
-      case 7: values_tile<7, 3>(pr, al, v, stride, n, Dh, ac); break;
-      case 6: values_tile<6, 3>(pr, al, v, stride, n, Dh, ac); break;
-      case 5: values_tile<5, 4>(pr, al, v, stride, n, Dh, ac); break;
-      case 4: values_tile<4, 4>(pr, al, v, stride, n, Dh, ac); break;
-      case 3: values_tile<3, 6>(pr, al, v, stride, n, Dh, ac); break;
-      case 2: values_tile<2, 8>(pr, al, v, stride, n, Dh, ac); break;
-      default: values_tile<1, 8>(pr, al, v, stride, n, Dh, ac); break;
+      case 8: values_tile<Kv, 8, 2>(pr, al, v, stride, n, Dh, ac); break;
+      case 7: values_tile<Kv, 7, 3>(pr, al, v, stride, n, Dh, ac); break;
+      case 6: values_tile<Kv, 6, 3>(pr, al, v, stride, n, Dh, ac); break;
+      case 5: values_tile<Kv, 5, 4>(pr, al, v, stride, n, Dh, ac); break;
+      case 4: values_tile<Kv, 4, 4>(pr, al, v, stride, n, Dh, ac); break;
+      case 3: values_tile<Kv, 3, 6>(pr, al, v, stride, n, Dh, ac); break;
+      case 2: values_tile<Kv, 2, 8>(pr, al, v, stride, n, Dh, ac); break;
+      default: values_tile<Kv, 1, 8>(pr, al, v, stride, n, Dh, ac); break;
     }
   }
 }
@@ -240,8 +307,9 @@ struct Stream {
   const Units* units;
   int64_t u = 0, u_end = 0, pos = 0, end = 0;
   int64_t issued = 0;  // tokens prefetched so far
-  const float* k = nullptr;
-  const float* v = nullptr;
+  int64_t esize = 4;   // bytes per element of the pool
+  const char* k = nullptr;
+  const char* v = nullptr;
   int64_t lines = 0;  // cache lines of one token's rows (heads of the unit)
 
   void start(int64_t unit) {
@@ -250,9 +318,9 @@ struct Stream {
     if (u >= u_end) return;
     end = units->end(u);
     const AttentionArgs& a = *units->a;
-    k = a.k_cache + units->head0(u) * a.Dh;
-    v = a.v_cache + units->head0(u) * a.Dh;
-    lines = (units->heads() * a.Dh * 4 + 63) / 64;
+    k = static_cast<const char*>(a.k_cache) + units->head0(u) * a.Dh * esize;
+    v = static_cast<const char*>(a.v_cache) + units->head0(u) * a.Dh * esize;
+    lines = (units->heads() * a.Dh * esize + 63) / 64;
   }
   void run_to(int64_t target) {
     const AttentionArgs& a = *units->a;
@@ -260,11 +328,15 @@ struct Stream {
     while (issued < target && u < u_end) {
       const int64_t* table = a.block_tables + a.items[2 * units->item(u)] * a.W;
       const int64_t slot = table[pos / bs] * bs + pos % bs;
-      const char* kr = reinterpret_cast<const char*>(k + slot * stride);
-      const char* vr = reinterpret_cast<const char*>(v + slot * stride);
+      const char* kr = k + slot * stride * esize;
+      const char* vr = v + slot * stride * esize;
       for (int64_t c = 0; c < lines; ++c) {
         _mm_prefetch(kr + 64 * c, _MM_HINT_T1);
         _mm_prefetch(vr + 64 * c, _MM_HINT_T1);
+      }
+      if (a.k_scales != nullptr) {  // the token's row scales ([S, Hkv] fp32)
+        _mm_prefetch(reinterpret_cast<const char*>(a.k_scales + slot * a.Hkv), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(a.v_scales + slot * a.Hkv), _MM_HINT_T1);
       }
       ++issued;
       if (++pos >= end) start(u + 1);
@@ -280,10 +352,15 @@ constexpr int64_t kAhead = 32;
 // One unit: request r, query tokens [i0, i0 + nq), kv heads [h0, h0 + nh);
 // query row j = (i - i0) * G + g of head h is head h * G + g of token i.
 // `done` tokens of the thread's stream precede this unit.
+template <class Kv>
 void attend_unit(const AttentionArgs& a, int64_t r, int64_t i0, int64_t h0, int64_t nh, float* scratch,
                  Stream* pf, int64_t done) {
+  using T = typename Kv::T;
+  const T* k_cache = static_cast<const T*>(a.k_cache);
+  const T* v_cache = static_cast<const T*>(a.v_cache);
+  alignas(64) float ks[kChunk], vs[kChunk];  // the chunk's K / V row scales (Kv::kScaled)
   const int64_t G = a.H / a.Hkv, Dh = a.Dh, bs = a.block_size;
-  const int64_t stride = a.Hkv * Dh;  // floats between consecutive slots
+  const int64_t stride = a.Hkv * Dh;  // elements between consecutive slots
   const int64_t len = a.seq_lens[r];
   const int64_t qlen = a.query_lens ? a.query_lens[r] : 1;
   const int64_t qstart = a.query_starts ? a.query_starts[r] : r;
@@ -323,20 +400,29 @@ void attend_unit(const AttentionArgs& a, int64_t r, int64_t i0, int64_t h0, int6
     int64_t n = bs - off;
     if (n > kChunk) n = kChunk;
     if (n > end - pos) n = end - pos;
-    const int64_t first = (table[pos / bs] * bs + off) * stride + h0 * Dh;
+    const int64_t slot0 = table[pos / bs] * bs + off;
+    const int64_t first = slot0 * stride + h0 * Dh;
     for (int64_t h = 0; h < nh; ++h) {
       float* qs = scratch + h * per_head;
       float* acc = qs + rows * Dh;
       float* m = acc + rows * Dh;
       float* l = m + rows;
       const int64_t kv = first + h * Dh;
+      if constexpr (Kv::kScaled) {  // lanes past n: 0 (masked anyway)
+        const float* ksrc = a.k_scales + slot0 * a.Hkv + h0 + h;
+        const float* vsrc = a.v_scales + slot0 * a.Hkv + h0 + h;
+        for (int64_t t = 0; t < kChunk; ++t) {
+          ks[t] = t < n ? ksrc[t * a.Hkv] * Kv::kScaleMul : 0.0f;
+          vs[t] = t < n ? vsrc[t * a.Hkv] * Kv::kScaleMul : 0.0f;
+        }
+      }
       // the stream runs kAhead tokens past this chunk's share done so far
       const auto ahead = [&](int64_t t) { pf->run_to(done + pos + (h * n + t) / nh + kAhead); };
-      chunk_scores(qs, a.k_cache + kv, stride, n, pos, rows, Dh, limit, sc, ahead);
+      chunk_scores<Kv>(qs, k_cache + kv, stride, n, pos, rows, Dh, limit, ks, sc, ahead);
       if (pos + n < end || h + 1 < nh) {  // the next key rows, while the values run
         const int64_t next = h + 1 < nh ? pos : pos + n, nn = end - next < 8 ? end - next : 8;
-        const float* k_next = a.k_cache + (table[next / bs] * bs + next % bs) * stride + h0 * Dh +
-                              (h + 1 < nh ? h + 1 : 0) * Dh;
+        const T* k_next = k_cache + (table[next / bs] * bs + next % bs) * stride + h0 * Dh +
+                          (h + 1 < nh ? h + 1 : 0) * Dh;
         for (int64_t t = 0; t < nn && next % bs + t < bs; ++t) prefetch_row<_MM_HINT_T0>(k_next + t * stride, Dh);
       }
       const int64_t padded = (n + 7) / 8 * 8;
@@ -359,14 +445,17 @@ void attend_unit(const AttentionArgs& a, int64_t r, int64_t i0, int64_t h0, int6
           const __m512 s = _mm512_mask_loadu_ps(masked, in, p + t);
           const __mmask16 live = _mm512_cmp_ps_mask(s, _mm512_set1_ps(0.5f * kMasked), _CMP_GT_OQ);
           const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(s, mv)));
-          _mm512_mask_storeu_ps(p + t, in, e);
+          if constexpr (Kv::kScaled)  // the V row's scale joins its weight after the sum
+            _mm512_mask_storeu_ps(p + t, in, _mm512_mul_ps(e, _mm512_loadu_ps(vs + t)));
+          else
+            _mm512_mask_storeu_ps(p + t, in, e);
           sum = _mm512_add_ps(sum, e);
         }
         alpha[j] = m[j] == kMasked ? 0.0f : exp1(m[j] - m_new);
         l[j] = l[j] * alpha[j] + _mm512_reduce_add_ps(sum);
         m[j] = m_new;
       }
-      values(sc, alpha, a.v_cache + kv, stride, n, rows, Dh, acc);
+      values<Kv>(sc, alpha, v_cache + kv, stride, n, rows, Dh, acc);
     }
     pos += n;
   }
@@ -390,26 +479,25 @@ void attend_unit(const AttentionArgs& a, int64_t r, int64_t i0, int64_t h0, int6
 }
 
 // Units [begin, end) in order, with one stream prefetcher running ahead.
+template <class Kv>
 void run_units(const Units& units, int64_t begin, int64_t end, float* scratch) {
   const AttentionArgs& a = *units.a;
   Stream pf;
   pf.units = &units;
   pf.u_end = end;
+  pf.esize = sizeof(typename Kv::T);
   pf.start(begin);
   int64_t done = 0;
   for (int64_t u = begin; u < end; ++u) {
     const int64_t i = units.item(u);
-    attend_unit(a, a.items[2 * i], a.items[2 * i + 1], units.head0(u), units.heads(), scratch, &pf, done);
+    attend_unit<Kv>(a, a.items[2 * i], a.items[2 * i + 1], units.head0(u), units.heads(), scratch, &pf, done);
     done += units.end(u);
   }
 }
 
-}  // namespace
-
-namespace fdx86 {
-
-void paged_attention_avx512(const AttentionArgs& a) {
-  const int64_t per_thread = attention_scratch(a.tile * a.H, a.Dh);
+template <class Kv>
+void paged_attention(const AttentionArgs& a) {
+  const int64_t per_thread = fdx86::attention_scratch(a.tile * a.H, a.Dh);
   int nt = a.threads < 1 ? 1 : a.threads;
   // With enough (request, tile) items, a unit is an item with all its kv
   // heads (one contiguous run of K / V per chunk); else an item's kv head.
@@ -420,7 +508,7 @@ void paged_attention_avx512(const AttentionArgs& a) {
   if (nt <= 1 || work * units.heads() * a.Dh * 2 < kParallelMin || count < 2) nt = 1;
   if (count < nt) nt = static_cast<int>(count);
   if (nt == 1) {
-    run_units(units, 0, count, a.scratch);
+    run_units<Kv>(units, 0, count, a.scratch);
     return;
   }
   // Each thread takes a contiguous range of units of about equal work, so
@@ -440,7 +528,113 @@ void paged_attention_avx512(const AttentionArgs& a) {
 #pragma omp parallel num_threads(nt)
   {
     const int t = omp_get_thread_num();
-    run_units(units, bounds[t], bounds[t + 1], a.scratch + per_thread * t);
+    run_units<Kv>(units, bounds[t], bounds[t + 1], a.scratch + per_thread * t);
+  }
+}
+
+// ------------------------------------------------------------ KV stores
+//
+// One (token, head) row x [Dh] fp32 into a pool row, bit-identical to
+// fd_core.ops.kv_dtype.quantize (every step an IEEE fp32 operation in the
+// reference's order; no FMA contraction in these loops).
+
+void store_bf16(const float* x, uint16_t* out, int64_t Dh) {
+  const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
+  for (int64_t d = 0; d < Dh; d += 16) {
+    const __mmask16 m = tail_mask(Dh - d);
+    const __m512i b = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + d));
+    // round to nearest even: bits + 0x7FFF + (bit 16), top half
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(b, half), _mm512_and_si512(_mm512_srli_epi32(b, 16), one));
+    _mm256_mask_storeu_epi16(out + d, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  }
+}
+
+void store_f16(const float* x, uint16_t* out, int64_t Dh) {
+  for (int64_t d = 0; d < Dh; d += 16) {
+    const __mmask16 m = tail_mask(Dh - d);
+    const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_mask_storeu_epi16(out + d, m, h);
+  }
+}
+
+// absmax / qmax in fp32 -> *scale; returns the divisor (1 for a zero row)
+float row_scale(const float* x, int64_t Dh, float qmax, float* scale) {
+  __m512 mx = _mm512_setzero_ps();
+  for (int64_t d = 0; d < Dh; d += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(Dh - d), x + d)));
+  const float s = _mm512_reduce_max_ps(mx) / qmax;
+  *scale = s;
+  return s > 0.0f ? s : 1.0f;
+}
+
+// codes = sign(y) * min(floor(|y| + 0.5), 127) with y = x / scale
+void store_int8(const float* x, int8_t* out, float* scale, int64_t Dh) {
+  const __m512 div = _mm512_set1_ps(row_scale(x, Dh, 127.0f, scale));
+  for (int64_t d = 0; d < Dh; d += 16) {
+    const __mmask16 m = tail_mask(Dh - d);
+    const __m512 y = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + d), div);
+    __m512 a = _mm512_roundscale_ps(_mm512_add_ps(_mm512_abs_ps(y), _mm512_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    a = _mm512_min_ps(a, _mm512_set1_ps(127.0f));
+    __m512i c = _mm512_cvttps_epi32(a);
+    c = _mm512_mask_sub_epi32(c, _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_setzero_si512(), c);
+    _mm512_mask_cvtepi32_storeu_epi8(out + d, m, c);
+  }
+}
+
+// e4m3fn code of y = x / scale: |y| saturated at 448, rounded to nearest even
+// (normal: the fp32 mantissa rounded to 3 bits, exponent rebiased 127 -> 7;
+// below 2^-6: multiples of 2^-9), sign bit unless the code is 0.
+void store_fp8(const float* x, uint8_t* out, float* scale, int64_t Dh) {
+  const __m512 div = _mm512_set1_ps(row_scale(x, Dh, 448.0f, scale));
+  for (int64_t d = 0; d < Dh; d += 16) {
+    const __mmask16 m = tail_mask(Dh - d);
+    const __m512 y = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + d), div);
+    const __m512 mag = _mm512_min_ps(_mm512_abs_ps(y), _mm512_set1_ps(448.0f));
+    const __m512i bits = _mm512_castps_si512(mag);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 20), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFFF)), lsb);
+    const __m512i normal = _mm512_sub_epi32(_mm512_srli_epi32(rounded, 20), _mm512_set1_epi32(120 << 3));
+    const __m512i sub = _mm512_cvt_roundps_epi32(_mm512_mul_ps(mag, _mm512_set1_ps(512.0f)),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask16 tiny = _mm512_cmp_ps_mask(mag, _mm512_set1_ps(0.015625f), _CMP_LT_OQ);
+    const __m512i code = _mm512_mask_mov_epi32(normal, tiny, sub);
+    const __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(y), _mm512_setzero_si512()) &
+                          _mm512_test_epi32_mask(code, code);
+    _mm512_mask_cvtepi32_storeu_epi8(out + d, m, _mm512_mask_or_epi32(code, neg, code, _mm512_set1_epi32(0x80)));
+  }
+}
+
+}  // namespace
+
+namespace fdx86 {
+
+void paged_attention_avx512(const AttentionArgs& a) {
+  switch (a.kv_dtype) {
+    case KvDtype::kF32: paged_attention<KvF32>(a); break;
+    case KvDtype::kBf16: paged_attention<KvBf16>(a); break;
+    case KvDtype::kF16: paged_attention<KvF16>(a); break;
+    case KvDtype::kInt8: paged_attention<KvInt8>(a); break;
+    case KvDtype::kFp8: paged_attention<KvFp8>(a); break;
+  }
+}
+
+void store_kv_avx512(KvDtype dt, const float* x, void* cache, float* scales, const int64_t* slots, int64_t tokens,
+                     int64_t Hkv, int64_t Dh) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (slots[t] < 0) continue;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const float* row = x + (t * Hkv + h) * Dh;
+      const int64_t dst = slots[t] * Hkv + h;  // row of the pool's [S * Hkv, Dh]
+      switch (dt) {
+        case KvDtype::kF32:
+          __builtin_memcpy(static_cast<float*>(cache) + dst * Dh, row, Dh * sizeof(float));
+          break;
+        case KvDtype::kBf16: store_bf16(row, static_cast<uint16_t*>(cache) + dst * Dh, Dh); break;
+        case KvDtype::kF16: store_f16(row, static_cast<uint16_t*>(cache) + dst * Dh, Dh); break;
+        case KvDtype::kInt8: store_int8(row, static_cast<int8_t*>(cache) + dst * Dh, scales + dst, Dh); break;
+        case KvDtype::kFp8: store_fp8(row, static_cast<uint8_t*>(cache) + dst * Dh, scales + dst, Dh); break;
+      }
+    }
   }
 }
 

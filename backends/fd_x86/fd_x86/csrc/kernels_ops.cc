@@ -141,8 +141,13 @@ void qkv_token(const fdx86::QkvArgs& a, int64_t t) {
   for (int64_t i = 0; i < kv_size; ++i) v[i] = v_in[i];
   const int64_t slot = a.slots[t];
   if (slot < 0) return;
-  float* k_dst = a.k_cache + slot * kv_size;
-  float* v_dst = a.v_cache + slot * kv_size;
+  if (a.kv_dtype != fdx86::KvDtype::kF32) {  // the op checked for AVX-512
+    fdx86::store_kv_avx512(a.kv_dtype, k, a.k_cache, a.k_scales, &slot, 1, a.Hkv, dh);
+    fdx86::store_kv_avx512(a.kv_dtype, v, a.v_cache, a.v_scales, &slot, 1, a.Hkv, dh);
+    return;
+  }
+  float* k_dst = static_cast<float*>(a.k_cache) + slot * kv_size;
+  float* v_dst = static_cast<float*>(a.v_cache) + slot * kv_size;
   for (int64_t i = 0; i < kv_size; ++i) k_dst[i] = k[i];
   for (int64_t i = 0; i < kv_size; ++i) v_dst[i] = v[i];
 }
@@ -282,16 +287,18 @@ void attend_item(const AttentionArgs& a, int64_t r, int64_t i0, int64_t kvh, flo
   }
   const int64_t end = len - qlen + i0 + nq;  // positions the tile's last token sees
   const int64_t* table = a.block_tables + r * a.W;
+  const float* k_cache = static_cast<const float*>(a.k_cache);  // fp32 pools only here
+  const float* v_cache = static_cast<const float*>(a.v_cache);
   for (int64_t pos = 0; pos < end;) {
     const int64_t off = pos % bs;
     int64_t n = bs - off;
     if (n > kChunk) n = kChunk;
     if (n > end - pos) n = end - pos;
     const int64_t first = (table[pos / bs] * bs + off) * stride + kvh * Dh;
-    chunk_scores(qs, a.k_cache + first, a.v_cache + first, stride, n, pos, rows, Dh, limit, sc, seen);
+    chunk_scores(qs, k_cache + first, v_cache + first, stride, n, pos, rows, Dh, limit, sc, seen);
     if (pos + n < end) {  // the next chunk's first key rows, while the values run
       const int64_t next = pos + n, nn = end - next < 8 ? end - next : 8;
-      const float* k_next = a.k_cache + (table[next / bs] * bs + next % bs) * stride + kvh * Dh;
+      const float* k_next = k_cache + (table[next / bs] * bs + next % bs) * stride + kvh * Dh;
       for (int64_t t = 0; t < nn && next % bs + t < bs; ++t) prefetch_row<_MM_HINT_T0>(k_next + t * stride, Dh);
     }
     const int64_t padded = (n + 7) / 8 * 8;
@@ -319,7 +326,7 @@ void attend_item(const AttentionArgs& a, int64_t r, int64_t i0, int64_t kvh, flo
       l[j] = l[j] * alpha[j] + hsum(sum);
       m[j] = m_new;
     }
-    values(sc, alpha, a.v_cache + first, stride, n, rows, Dh, acc);
+    values(sc, alpha, v_cache + first, stride, n, rows, Dh, acc);
     pos += n;
   }
   for (int64_t i = 0; i < nq; ++i) {

@@ -5,11 +5,28 @@
 // Same rule as kernels.h: the kernel TU includes no paddle or STL headers,
 // and the op (x86_ops.cc) checks shapes, allocates outputs and scratch and
 // only calls in here on a CPU with AVX2 + FMA. All tensors are fp32 and
-// contiguous unless a stride is given.
+// contiguous unless a stride is given, except the KV pools, which may hold
+// another KvDtype (those need AVX-512 F/BW/VL/DQ: the op checks).
 #pragma once
 #include <cstdint>
 
 namespace fdx86 {
+
+// Element type of a KV pool [S, Hkv, Dh] (fd_core.ops.kv_dtype): fp32;
+// bf16 / fp16 (uint16 bit patterns); int8 codes or fp8 e4m3fn codes (uint8
+// bit patterns), each with fp32 scales [S, Hkv]: x[s, h, :] ~= code * scale.
+enum class KvDtype : int { kF32 = 0, kBf16 = 1, kF16 = 2, kInt8 = 3, kFp8 = 4 };
+
+inline bool kv_scaled(KvDtype dt) { return dt == KvDtype::kInt8 || dt == KvDtype::kFp8; }
+
+// Stores rows x [tokens, Hkv, Dh] fp32 into a non-fp32 pool at rows
+// slots[t] (negative: skipped), bit-identical to fd_core.ops.kv_dtype's
+// quantize: bf16 / fp16 round to nearest even; int8 / fp8 take
+// scale = absmax / QMAX (127 / 448) per (token, head) in fp32 (0 for a zero
+// row) and codes of x / scale (int8: half away from zero, clipped to 127;
+// fp8: nearest even, saturating at 448). kernels_attn_avx512.cc (AVX-512).
+void store_kv_avx512(KvDtype dt, const float* x, void* cache, float* scales, const int64_t* slots,
+                     int64_t tokens, int64_t Hkv, int64_t Dh);
 
 // out[r] = s * rsqrt(mean(s^2) + eps) * weight with s = x[r] (+ residual[r]);
 // with a residual, s is also written to sum[r]. x, residual, out, sum [rows, d].
@@ -26,7 +43,7 @@ void silu_and_mul_avx2(const float* x, float* out, int64_t rows, int64_t inter, 
 void rotary_avx2(const float* x, float* out, int64_t tokens, int64_t heads, int64_t dh,
                  const int64_t* positions, const float* cos_sin, int interleaved, int threads);
 
-// Copies rows k, v [tokens, row] into k_cache, v_cache [slots, row] at
+// Copies rows k, v [tokens, row] into fp32 k_cache, v_cache [slots, row] at
 // slots [tokens]; a negative slot is skipped (slots checked by the caller).
 void write_kv_cache(const float* k, const float* v, float* k_cache, float* v_cache, const int64_t* slots,
                     int64_t tokens, int64_t row);
@@ -43,10 +60,15 @@ void write_kv_cache(const float* k, const float* v, float* k_cache, float* v_cac
 // register tile of rows x a Dh slice). Dh % 8 == 0. The AVX-512 kernel
 // runs all kv heads of an item together once there are enough items, each
 // thread a contiguous range of items with a software stream prefetcher.
+// A non-fp32 pool (AVX-512 only) is widened to fp32 in registers; int8 / fp8
+// scales multiply the scores (K) and the softmax weights (V).
 struct AttentionArgs {
-  const float* q = nullptr;        // [T, H, Dh]
-  const float* k_cache = nullptr;  // [num_blocks * block_size, Hkv, Dh]
-  const float* v_cache = nullptr;
+  const float* q = nullptr;       // [T, H, Dh]
+  const void* k_cache = nullptr;  // [num_blocks * block_size, Hkv, Dh] of kv_dtype
+  const void* v_cache = nullptr;
+  const float* k_scales = nullptr;  // [num_blocks * block_size, Hkv] when kv_scaled(kv_dtype)
+  const float* v_scales = nullptr;
+  KvDtype kv_dtype = KvDtype::kF32;
   const int64_t* block_tables = nullptr;  // [R, W] (block ids checked by the caller)
   const int64_t* seq_lens = nullptr;      // [R], each <= W * block_size
   const int64_t* query_lens = nullptr;    // [R], each in [1, seq_len]; nullptr: 1 each (decode)
@@ -64,21 +86,25 @@ struct AttentionArgs {
 // kv head's rows at once).
 int64_t attention_scratch(int64_t rows, int64_t Dh);
 
-void paged_attention_avx2(const AttentionArgs& a);
-void paged_attention_avx512(const AttentionArgs& a);  // AVX-512 F/BW/VL/DQ
+void paged_attention_avx2(const AttentionArgs& a);    // fp32 pools only
+void paged_attention_avx512(const AttentionArgs& a);  // AVX-512 F/BW/VL/DQ, every KvDtype
 
 // The fused QKV step (kernels_ops.cc): token t's row of qkv [T, (H + 2 Hkv) Dh]
 // is [q | k | v]; q and k are rotated at positions[t] (cos_sin as for
 // rotary_avx2) into q_out [T, H, Dh] and k_out [T, Hkv, Dh], v copied to
 // v_out, and k_out / v_out rows stored in the caches [S, Hkv, Dh] at
 // slots[t] (negative: not stored). Positions and slots checked by the caller.
+// A non-fp32 pool is stored through store_kv_avx512 (AVX-512 only).
 struct QkvArgs {
   const float* qkv = nullptr;
   const int64_t* positions = nullptr;
   const float* cos_sin = nullptr;
   const int64_t* slots = nullptr;
-  float* k_cache = nullptr;
-  float* v_cache = nullptr;
+  void* k_cache = nullptr;  // of kv_dtype
+  void* v_cache = nullptr;
+  float* k_scales = nullptr;  // [S, Hkv] when kv_scaled(kv_dtype)
+  float* v_scales = nullptr;
+  KvDtype kv_dtype = KvDtype::kF32;
   float* q_out = nullptr;
   float* k_out = nullptr;
   float* v_out = nullptr;

@@ -13,8 +13,11 @@ namespace fdx86 {
 
 // Checks `packed` / `scales` (fd_x86.linear.pack_weight's layout for
 // method 0 = wint8, 1 = wint4, 2 = w8a8; 3 = wint8 in the contract layout
-// [N, K], whose dot-product tiles win from 8 rows) for x [M, K] and n outputs
+// [N, K], whose dot-product tiles win from 8 rows; 4 = an unquantized bf16
+// and 5 = fp16 weight in the reference's layout [K, N], run by
+// dense16_linear_avx512, scales unused) for x [M, K] and n outputs
 // (group_size: wint4's, -1 = K) and returns the args; a.out is left unset.
+constexpr int kDense16Method = 4;
 LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t K, const paddle::Tensor& packed,
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads);
 

@@ -104,6 +104,23 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads) {
   PD_CHECK(packed.is_cpu() && scales.is_cpu(), op, ": the packed weight and scales must be on the CPU");
   PD_CHECK(packed.is_contiguous() && scales.is_contiguous(), op, ": packed and scales must be contiguous");
+  if (method == kDense16Method || method == kDense16Method + 1) {
+    // a 16-bit dense weight in the reference's layout [K, N], read in place; no scales
+    const bool bf16 = method == kDense16Method;
+    PD_CHECK(packed.dtype() == (bf16 ? paddle::DataType::BFLOAT16 : paddle::DataType::FLOAT16), op,
+             ": method ", method, " takes a ", bf16 ? "bfloat16" : "float16", " weight");
+    PD_CHECK(packed.shape().size() == 2 && packed.shape()[0] == K && packed.shape()[1] == n, op,
+             ": a dense weight must be [K, N] = [", K, ", ", n, "]");
+    PD_CHECK(cpu_has_avx512_vnni(), op, ": the fused kernels need AVX-512");
+    LinearArgs a;
+    a.M = M;
+    a.K = K;
+    a.N = n;
+    a.x = x;
+    a.w = packed.data();
+    a.threads = threads < 1 ? 1 : threads;
+    return a;
+  }
   PD_CHECK(packed.dtype() == paddle::DataType::INT8 || packed.dtype() == paddle::DataType::UINT8, op,
            ": packed must be int8 / uint8");
   PD_CHECK(scales.dtype() == paddle::DataType::FLOAT32, op, ": scales must be float32");
@@ -142,7 +159,19 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
 
 void run_packed_linear(LinearArgs a, int method) {
   if (a.M == 0 || a.N == 0) return;
-  if (method == 0) {
+  if (method == kDense16Method || method == kDense16Method + 1) {
+    Dense16Args d;
+    d.M = a.M;
+    d.N = a.N;
+    d.K = a.K;
+    d.x = a.x;
+    d.ldx = a.K;
+    d.w = a.w;
+    d.wtype = method == kDense16Method ? kDense16Bf16 : kDense16Fp16;
+    d.out = a.out;
+    d.threads = a.threads;
+    dense16_linear_avx512(d);
+  } else if (method == 0) {
     wint8_packed_avx512(a);
   } else if (method == 3) {
     wint8_avx512(a);
@@ -292,3 +321,68 @@ PD_BUILD_OP(fd_x86_packed_linear)
     .SetKernelFn(PD_KERNEL(PackedLinear))
     .SetInferShapeFn(PD_INFER_SHAPE(PackedInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(LinearInferDtype));
+
+// ------------------------------------------------------------------------
+// fd_x86_dense16_linear(x, w): x fp32 [M, K] @ w bf16 / fp16 [K, N] (the
+// reference's layout, read in place) -> out fp32 [M, N]. Attributes: threads
+// (OpenMP threads over the outputs), kernel (0 = auto, 1 = stream: exact
+// fp32 products, 2 = bf16 GEMM: x rounded to bf16; see kernels.h). Needs
+// AVX-512 F/BW/VL/DQ, and avx512_bf16 for kernel 2.
+
+namespace {
+
+bool cpu_has_avx512_base() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+}  // namespace
+
+std::vector<paddle::Tensor> Dense16Linear(const paddle::Tensor& x, const paddle::Tensor& w, int threads, int kernel) {
+  const char* op = "fd_x86_dense16_linear";
+  PD_CHECK(x.is_cpu() && w.is_cpu(), op, ": x and w must be on the CPU");
+  PD_CHECK(x.dtype() == paddle::DataType::FLOAT32, op, ": x must be float32, got ", x.dtype());
+  PD_CHECK(w.dtype() == paddle::DataType::BFLOAT16 || w.dtype() == paddle::DataType::FLOAT16, op,
+           ": w must be bfloat16 or float16, got ", w.dtype());
+  PD_CHECK(x.shape().size() == 2, op, ": x must be 2-D [M, K], got ", x.shape().size(), " dims");
+  PD_CHECK(w.shape().size() == 2, op, ": w must be 2-D [K, N], got ", w.shape().size(), " dims");
+  PD_CHECK(x.is_contiguous() && w.is_contiguous(), op, ": x and w must be contiguous");
+  PD_CHECK(x.shape()[1] == w.shape()[0], op, ": x has K = ", x.shape()[1], " input features, w [K, N] has ",
+           w.shape()[0]);
+  PD_CHECK(kernel >= fdx86::kDense16Auto && kernel <= fdx86::kDense16Gemm, op,
+           ": kernel must be 0 (auto), 1 (stream) or 2 (bf16 GEMM), got ", kernel);
+  PD_CHECK(cpu_has_avx512_base(), op, ": needs AVX-512 F/BW/VL/DQ, which this CPU lacks");
+  fdx86::Dense16Args a;
+  a.M = x.shape()[0];
+  a.K = x.shape()[1];
+  a.N = w.shape()[1];
+  a.x = x.data<float>();
+  a.ldx = a.K;
+  a.w = w.data();
+  a.wtype = w.dtype() == paddle::DataType::BFLOAT16 ? fdx86::kDense16Bf16 : fdx86::kDense16Fp16;
+  a.threads = threads < 1 ? 1 : threads;
+  a.kernel = kernel;
+  PD_CHECK(kernel != fdx86::kDense16Gemm || (a.wtype == fdx86::kDense16Bf16 && fdx86::dense16_has_bf16_dot()), op,
+           ": kernel 2 (bf16 GEMM) needs bfloat16 weights and a CPU with avx512_bf16");
+  paddle::Tensor out = paddle::empty({a.M, a.N}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  a.out = out.data<float>();
+  fdx86::dense16_linear_avx512(a);
+  return {out};
+}
+
+std::vector<std::vector<int64_t>> Dense16InferShape(const std::vector<int64_t>& x, const std::vector<int64_t>& w) {
+  return {{x[0], w[1]}};
+}
+
+std::vector<paddle::DataType> Dense16InferDtype(const paddle::DataType& x, const paddle::DataType& w) {
+  return {paddle::DataType::FLOAT32};
+}
+
+PD_BUILD_OP(fd_x86_dense16_linear)
+    .Inputs({"X", "W"})
+    .Outputs({"Out"})
+    .Attrs({"threads: int", "kernel: int"})
+    .SetKernelFn(PD_KERNEL(Dense16Linear))
+    .SetInferShapeFn(PD_INFER_SHAPE(Dense16InferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(Dense16InferDtype));

@@ -7,11 +7,17 @@
 //   fd_x86_write_kv_cache(k, v, k_cache, v_cache, slots)   in place (k_cache, v_cache)
 //   fd_x86_decode_attention(q, k_cache, v_cache, block_tables, seq_lens) -> out [B, H, Dh]
 //   fd_x86_prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_lens) -> out [Tp, H, Dh]
+//   ..._q8 forms of the three KV ops and of fd_x86_qkv_rope_cache (below): the
+//   caches are int8 / fp8 codes, with k_scales, v_scales [S, Hkv] after them
 //
 // Every tensor is fp32 (int64 for positions, slots, tables, lengths), on the
-// CPU and contiguous (the Python side makes it so). Indices are checked here
-// before a kernel runs, so a bad slot / position / block id is an error, not a
-// stray write. Compiled for baseline x86-64; the kernels need AVX2 + FMA.
+// CPU and contiguous (the Python side makes it so), except the KV pools
+// [S, Hkv, Dh]: float32, bfloat16 or float16, or in the _q8 ops int8 codes
+// (KvDtype::kInt8) or uint8 fp8 e4m3fn codes (kFp8) with fp32 scales
+// (fd_core.ops.kv_dtype). A non-fp32 pool needs AVX-512 F/BW/VL/DQ. Indices
+// are checked here before a kernel runs, so a bad slot / position / block id
+// is an error, not a stray write. Compiled for baseline x86-64; the kernels
+// need AVX2 + FMA.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -33,6 +39,15 @@ bool cpu_has_avx2() {
   return has;
 }
 
+bool cpu_has_avx512() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }();
+  return has;
+}
+
 void check_f32(const char* op, const char* name, const paddle::Tensor& t) {
   PD_CHECK(t.is_cpu(), op, ": ", name, " must be on the CPU");
   PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, op, ": ", name, " must be float32");
@@ -50,6 +65,60 @@ void check_isa(const char* op) {
 }
 
 int64_t last_dim(const paddle::Tensor& t) { return t.shape().empty() ? 1 : t.shape().back(); }
+
+// One layer's K or V pool [S, Hkv, Dh] as the kernels see it, checked.
+struct KvPool {
+  void* data = nullptr;
+  float* scales = nullptr;  // [S, Hkv] for int8 / fp8 codes
+  fdx86::KvDtype dtype = fdx86::KvDtype::kF32;
+  std::vector<int64_t> shape;
+};
+
+const char* kv_name(fdx86::KvDtype dt) {
+  switch (dt) {
+    case fdx86::KvDtype::kF32: return "float32";
+    case fdx86::KvDtype::kBf16: return "bfloat16";
+    case fdx86::KvDtype::kF16: return "float16";
+    case fdx86::KvDtype::kInt8: return "int8";
+    case fdx86::KvDtype::kFp8: return "fp8";
+  }
+  return "?";
+}
+
+// scales == nullptr: a float32 / bfloat16 / float16 pool; else int8 codes
+// (int8) or fp8 e4m3fn codes (uint8) with their fp32 scales [S, Hkv].
+KvPool kv_pool(const char* op, const char* name, const paddle::Tensor& cache, const paddle::Tensor* scales) {
+  using DT = paddle::DataType;
+  PD_CHECK(cache.is_cpu() && cache.is_contiguous(), op, ": ", name, " must be a contiguous CPU tensor");
+  PD_CHECK(cache.shape().size() == 3, op, ": ", name, " must be [S, Hkv, Dh]");
+  KvPool p;
+  p.shape = cache.shape();
+  const DT dt = cache.dtype();
+  if (scales == nullptr) {
+    PD_CHECK(dt == DT::FLOAT32 || dt == DT::BFLOAT16 || dt == DT::FLOAT16, op, ": ", name,
+             " must be float32, bfloat16 or float16 (int8 / fp8 codes: the _q8 op, with their scales)");
+    p.dtype = dt == DT::FLOAT32 ? fdx86::KvDtype::kF32 : dt == DT::BFLOAT16 ? fdx86::KvDtype::kBf16
+                                                                          : fdx86::KvDtype::kF16;
+  } else {
+    PD_CHECK(dt == DT::INT8 || dt == DT::UINT8, op, ": ", name,
+             " must hold int8 codes (int8) or fp8 e4m3fn codes (uint8)");
+    p.dtype = dt == DT::INT8 ? fdx86::KvDtype::kInt8 : fdx86::KvDtype::kFp8;
+    check_f32(op, "scales", *scales);
+    PD_CHECK(scales->shape() == std::vector<int64_t>({p.shape[0], p.shape[1]}), op, ": ", name,
+             "'s scales must be [S, Hkv] = [", p.shape[0], ", ", p.shape[1], "]");
+    p.scales = const_cast<float*>(scales->data<float>());
+  }
+  PD_CHECK(p.dtype == fdx86::KvDtype::kF32 || cpu_has_avx512(), op, ": a ", kv_name(p.dtype),
+           " KV pool needs AVX-512 F/BW/VL/DQ, which this CPU lacks; fd-core's reference reads it");
+  p.data = const_cast<void*>(cache.data());
+  return p;
+}
+
+// The K and V pools of one layer: same dtype, same shape.
+void check_pair(const char* op, const KvPool& k, const KvPool& v) {
+  PD_CHECK(k.dtype == v.dtype && k.shape == v.shape, op, ": the K and V pools differ (", kv_name(k.dtype), " vs ",
+           kv_name(v.dtype), " or in shape)");
+}
 
 std::vector<paddle::Tensor> RmsNorm(const paddle::Tensor& x, const paddle::Tensor& weight, float eps, int threads) {
   const char* op = "fd_x86_rms_norm";
@@ -124,56 +193,70 @@ std::vector<paddle::Tensor> Rotary(const paddle::Tensor& q, const paddle::Tensor
   return {q_out, k_out};
 }
 
-void WriteKVCache(const paddle::Tensor& k, const paddle::Tensor& v, paddle::Tensor& k_cache, paddle::Tensor& v_cache,
-                  const paddle::Tensor& slots) {
-  const char* op = "fd_x86_write_kv_cache";
+// k, v [T, Hkv, Dh] fp32 into the pools at slots (negative: skipped),
+// rounded / quantized to the pools' dtype.
+void write_kv(const char* op, const paddle::Tensor& k, const paddle::Tensor& v, const KvPool& kp, const KvPool& vp,
+              const paddle::Tensor& slots) {
   check_f32(op, "k", k);
   check_f32(op, "v", v);
-  check_f32(op, "k_cache", k_cache);
-  check_f32(op, "v_cache", v_cache);
   check_i64(op, "slot_mapping", slots);
-  PD_CHECK(k.shape() == v.shape() && k_cache.shape() == v_cache.shape(), op, ": k / v or their caches differ in shape");
-  PD_CHECK(k.shape().size() == 3 && k_cache.shape().size() == 3, op, ": k must be [T, Hkv, Dh], the caches [S, Hkv, Dh]");
-  PD_CHECK(k.shape()[1] == k_cache.shape()[1] && k.shape()[2] == k_cache.shape()[2], op,
-           ": k's [Hkv, Dh] differs from the cache's");
-  const int64_t tokens = k.shape()[0], rows = k_cache.shape()[0];
+  check_pair(op, kp, vp);
+  PD_CHECK(k.shape() == v.shape(), op, ": k and v differ in shape");
+  PD_CHECK(k.shape().size() == 3, op, ": k must be [T, Hkv, Dh], the caches [S, Hkv, Dh]");
+  PD_CHECK(k.shape()[1] == kp.shape[1] && k.shape()[2] == kp.shape[2], op, ": k's [Hkv, Dh] differs from the cache's");
+  const int64_t tokens = k.shape()[0], rows = kp.shape[0];
   PD_CHECK(slots.numel() == tokens, op, ": slot_mapping has ", slots.numel(), " slots for ", tokens, " tokens");
   const int64_t* s = slots.data<int64_t>();
   for (int64_t t = 0; t < tokens; ++t)
     PD_CHECK(s[t] < rows, op, ": slot ", s[t], " is past the cache's ", rows, " rows");
-  fdx86::write_kv_cache(k.data<float>(), v.data<float>(), k_cache.data<float>(), v_cache.data<float>(), s, tokens,
-                        k.shape()[1] * k.shape()[2]);
+  if (kp.dtype == fdx86::KvDtype::kF32) {
+    fdx86::write_kv_cache(k.data<float>(), v.data<float>(), static_cast<float*>(kp.data),
+                          static_cast<float*>(vp.data), s, tokens, k.shape()[1] * k.shape()[2]);
+    return;
+  }
+  fdx86::store_kv_avx512(kp.dtype, k.data<float>(), kp.data, kp.scales, s, tokens, kp.shape[1], kp.shape[2]);
+  fdx86::store_kv_avx512(vp.dtype, v.data<float>(), vp.data, vp.scales, s, tokens, vp.shape[1], vp.shape[2]);
 }
 
-// Checks shared by both attention ops; fills a's shapes and pointers.
-void prepare_attention(const char* op, const paddle::Tensor& q, const paddle::Tensor& k_cache,
-                       const paddle::Tensor& v_cache, const paddle::Tensor& block_tables,
-                       const paddle::Tensor& seq_lens, int64_t requests, int64_t block_size, float scale,
-                       int threads, fdx86::AttentionArgs* a) {
+void WriteKVCache(const paddle::Tensor& k, const paddle::Tensor& v, paddle::Tensor& k_cache, paddle::Tensor& v_cache,
+                  const paddle::Tensor& slots) {
+  const char* op = "fd_x86_write_kv_cache";
+  write_kv(op, k, v, kv_pool(op, "k_cache", k_cache, nullptr), kv_pool(op, "v_cache", v_cache, nullptr), slots);
+}
+
+void WriteKVCacheQ8(const paddle::Tensor& k, const paddle::Tensor& v, paddle::Tensor& k_cache, paddle::Tensor& v_cache,
+                    paddle::Tensor& k_scales, paddle::Tensor& v_scales, const paddle::Tensor& slots) {
+  const char* op = "fd_x86_write_kv_cache_q8";
+  write_kv(op, k, v, kv_pool(op, "k_cache", k_cache, &k_scales), kv_pool(op, "v_cache", v_cache, &v_scales), slots);
+}
+
+// Checks shared by the attention ops; fills a's shapes and pointers.
+void prepare_attention_pools(const char* op, const paddle::Tensor& q, const KvPool& kp, const KvPool& vp,
+                             const paddle::Tensor& block_tables, const paddle::Tensor& seq_lens, int64_t requests,
+                             int64_t block_size, float scale, int threads, fdx86::AttentionArgs* a) {
   check_isa(op);
   check_f32(op, "q", q);
-  check_f32(op, "k_cache", k_cache);
-  check_f32(op, "v_cache", v_cache);
+  check_pair(op, kp, vp);
   check_i64(op, "block_tables", block_tables);
   check_i64(op, "seq_lens", seq_lens);
-  PD_CHECK(q.shape().size() == 3 && k_cache.shape().size() == 3 && k_cache.shape() == v_cache.shape(), op,
-           ": q must be [T, H, Dh], the caches [S, Hkv, Dh] alike");
+  PD_CHECK(q.shape().size() == 3, op, ": q must be [T, H, Dh], the caches [S, Hkv, Dh] alike");
   PD_CHECK(block_tables.shape().size() == 2, op, ": block_tables must be [R, W]");
+  const std::vector<int64_t>& cache_shape = kp.shape;
   a->H = q.shape()[1];
   a->Dh = q.shape()[2];
-  a->Hkv = k_cache.shape()[1];
+  a->Hkv = cache_shape[1];
   a->W = block_tables.shape()[1];
   a->R = requests;
   a->block_size = block_size;
   a->scale = scale;
   a->threads = threads < 1 ? 1 : threads;
-  PD_CHECK(k_cache.shape()[2] == a->Dh && a->Dh % 8 == 0, op, ": Dh must match the cache's and be a multiple of 8");
+  PD_CHECK(cache_shape[2] == a->Dh && a->Dh % 8 == 0, op, ": Dh must match the cache's and be a multiple of 8");
   PD_CHECK(a->Hkv > 0 && a->H % a->Hkv == 0, op, ": H = ", a->H, " is not a multiple of Hkv = ", a->Hkv);
-  PD_CHECK(block_size > 0 && k_cache.shape()[0] % block_size == 0, op, ": the cache's ", k_cache.shape()[0],
+  PD_CHECK(block_size > 0 && cache_shape[0] % block_size == 0, op, ": the cache's ", cache_shape[0],
            " rows are not whole blocks of ", block_size);
   PD_CHECK(block_tables.shape()[0] >= requests && seq_lens.numel() >= requests, op,
            ": block_tables / seq_lens cover fewer than ", requests, " requests");
-  const int64_t num_blocks = k_cache.shape()[0] / block_size;
+  const int64_t num_blocks = cache_shape[0] / block_size;
   a->block_tables = block_tables.data<int64_t>();
   a->seq_lens = seq_lens.data<int64_t>();
   for (int64_t r = 0; r < requests; ++r) {
@@ -186,22 +269,28 @@ void prepare_attention(const char* op, const paddle::Tensor& q, const paddle::Te
     }
   }
   a->q = q.data<float>();
-  a->k_cache = k_cache.data<float>();
-  a->v_cache = v_cache.data<float>();
+  a->k_cache = kp.data;
+  a->v_cache = vp.data;
+  a->k_scales = kp.scales;
+  a->v_scales = vp.scales;
+  a->kv_dtype = kp.dtype;
 }
 
-bool cpu_has_avx512() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  }();
-  return has;
+// The fp32 form (fd_x86_decoder_layers reads fp32 pools only).
+void prepare_attention(const char* op, const paddle::Tensor& q, const paddle::Tensor& k_cache,
+                       const paddle::Tensor& v_cache, const paddle::Tensor& block_tables,
+                       const paddle::Tensor& seq_lens, int64_t requests, int64_t block_size, float scale,
+                       int threads, fdx86::AttentionArgs* a) {
+  check_f32(op, "k_cache", k_cache);
+  check_f32(op, "v_cache", v_cache);
+  prepare_attention_pools(op, q, kv_pool(op, "k_cache", k_cache, nullptr), kv_pool(op, "v_cache", v_cache, nullptr),
+                          block_tables, seq_lens, requests, block_size, scale, threads, a);
 }
 
 // The attention kernel: AVX-512 where the CPU has it, else AVX2.
-// FD_X86_ATTENTION_ISA=avx2 forces the AVX2 one (tests, comparisons);
-// =avx512 on a CPU without it is an error.
+// FD_X86_ATTENTION_ISA=avx2 forces the AVX2 one (tests, comparisons) for
+// fp32 pools (the others have only the AVX-512 kernel); =avx512 on a CPU
+// without it is an error.
 bool attention_avx512(const char* op) {
   const char* isa = std::getenv("FD_X86_ATTENTION_ISA");
   if (isa != nullptr && std::strcmp(isa, "avx2") == 0) return false;
@@ -217,41 +306,56 @@ void run_attention(const char* op, fdx86::AttentionArgs* a, const std::vector<in
   if (a->num_items == 0) return;
   std::vector<float> scratch(a->threads * fdx86::attention_scratch(a->tile * a->H, a->Dh));
   a->scratch = scratch.data();
-  if (attention_avx512(op))
+  if (a->kv_dtype != fdx86::KvDtype::kF32 || attention_avx512(op))
     fdx86::paged_attention_avx512(*a);
   else
     fdx86::paged_attention_avx2(*a);
+}
+
+paddle::Tensor decode_attention(const char* op, const paddle::Tensor& q, const KvPool& kp, const KvPool& vp,
+                                const paddle::Tensor& block_tables, const paddle::Tensor& seq_lens,
+                                int64_t block_size, float scale, int threads) {
+  fdx86::AttentionArgs a;
+  const int64_t batch = q.shape().empty() ? 0 : q.shape()[0];
+  prepare_attention_pools(op, q, kp, vp, block_tables, seq_lens, batch, block_size, scale, threads, &a);
+  for (int64_t b = 0; b < batch; ++b) PD_CHECK(a.seq_lens[b] >= 1, op, ": request ", b, " has no cached tokens");
+  std::vector<int64_t> items(2 * batch);
+  for (int64_t b = 0; b < batch; ++b) items[2 * b] = b, items[2 * b + 1] = 0;
+  paddle::Tensor out = paddle::empty(q.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
+  run_attention(op, &a, items, out.data<float>());
+  return out;
 }
 
 std::vector<paddle::Tensor> DecodeAttention(const paddle::Tensor& q, const paddle::Tensor& k_cache,
                                             const paddle::Tensor& v_cache, const paddle::Tensor& block_tables,
                                             const paddle::Tensor& seq_lens, int64_t block_size, float scale,
                                             int threads) {
-  fdx86::AttentionArgs a;
-  const int64_t batch = q.shape().empty() ? 0 : q.shape()[0];
-  prepare_attention("fd_x86_decode_attention", q, k_cache, v_cache, block_tables, seq_lens, batch, block_size,
-                    scale, threads, &a);
-  for (int64_t b = 0; b < batch; ++b)
-    PD_CHECK(a.seq_lens[b] >= 1, "fd_x86_decode_attention: request ", b, " has no cached tokens");
-  std::vector<int64_t> items(2 * batch);
-  for (int64_t b = 0; b < batch; ++b) items[2 * b] = b, items[2 * b + 1] = 0;
-  paddle::Tensor out = paddle::empty(q.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
-  run_attention("fd_x86_decode_attention", &a, items, out.data<float>());
-  return {out};
+  const char* op = "fd_x86_decode_attention";
+  return {decode_attention(op, q, kv_pool(op, "k_cache", k_cache, nullptr), kv_pool(op, "v_cache", v_cache, nullptr),
+                           block_tables, seq_lens, block_size, scale, threads)};
+}
+
+std::vector<paddle::Tensor> DecodeAttentionQ8(const paddle::Tensor& q, const paddle::Tensor& k_cache,
+                                              const paddle::Tensor& v_cache, const paddle::Tensor& k_scales,
+                                              const paddle::Tensor& v_scales, const paddle::Tensor& block_tables,
+                                              const paddle::Tensor& seq_lens, int64_t block_size, float scale,
+                                              int threads) {
+  const char* op = "fd_x86_decode_attention_q8";
+  return {decode_attention(op, q, kv_pool(op, "k_cache", k_cache, &k_scales),
+                           kv_pool(op, "v_cache", v_cache, &v_scales), block_tables, seq_lens, block_size, scale,
+                           threads)};
 }
 
 // Query tokens per prefill work item: about 32 query rows (tile x G).
 constexpr int64_t kPrefillRows = 32;
 
-std::vector<paddle::Tensor> PrefillAttention(const paddle::Tensor& q, const paddle::Tensor& k_cache,
-                                             const paddle::Tensor& v_cache, const paddle::Tensor& block_tables,
-                                             const paddle::Tensor& seq_lens, const paddle::Tensor& query_lens,
-                                             int64_t block_size, float scale, int threads) {
-  const char* op = "fd_x86_prefill_attention";
+paddle::Tensor prefill_attention(const char* op, const paddle::Tensor& q, const KvPool& kp, const KvPool& vp,
+                                 const paddle::Tensor& block_tables, const paddle::Tensor& seq_lens,
+                                 const paddle::Tensor& query_lens, int64_t block_size, float scale, int threads) {
   check_i64(op, "query_lens", query_lens);
   fdx86::AttentionArgs a;
   const int64_t requests = query_lens.numel();
-  prepare_attention(op, q, k_cache, v_cache, block_tables, seq_lens, requests, block_size, scale, threads, &a);
+  prepare_attention_pools(op, q, kp, vp, block_tables, seq_lens, requests, block_size, scale, threads, &a);
   const int64_t* qlens = query_lens.data<int64_t>();
   const int64_t G = a.H / a.Hkv;
   a.tile = G >= kPrefillRows ? 1 : kPrefillRows / G;
@@ -269,7 +373,28 @@ std::vector<paddle::Tensor> PrefillAttention(const paddle::Tensor& q, const padd
   a.query_starts = starts.data();
   paddle::Tensor out = paddle::empty(q.shape(), paddle::DataType::FLOAT32, paddle::CPUPlace());
   run_attention(op, &a, items, out.data<float>());
-  return {out};
+  return out;
+}
+
+std::vector<paddle::Tensor> PrefillAttention(const paddle::Tensor& q, const paddle::Tensor& k_cache,
+                                             const paddle::Tensor& v_cache, const paddle::Tensor& block_tables,
+                                             const paddle::Tensor& seq_lens, const paddle::Tensor& query_lens,
+                                             int64_t block_size, float scale, int threads) {
+  const char* op = "fd_x86_prefill_attention";
+  return {prefill_attention(op, q, kv_pool(op, "k_cache", k_cache, nullptr),
+                            kv_pool(op, "v_cache", v_cache, nullptr), block_tables, seq_lens, query_lens,
+                            block_size, scale, threads)};
+}
+
+std::vector<paddle::Tensor> PrefillAttentionQ8(const paddle::Tensor& q, const paddle::Tensor& k_cache,
+                                               const paddle::Tensor& v_cache, const paddle::Tensor& k_scales,
+                                               const paddle::Tensor& v_scales, const paddle::Tensor& block_tables,
+                                               const paddle::Tensor& seq_lens, const paddle::Tensor& query_lens,
+                                               int64_t block_size, float scale, int threads) {
+  const char* op = "fd_x86_prefill_attention_q8";
+  return {prefill_attention(op, q, kv_pool(op, "k_cache", k_cache, &k_scales),
+                            kv_pool(op, "v_cache", v_cache, &v_scales), block_tables, seq_lens, query_lens,
+                            block_size, scale, threads)};
 }
 
 using Shapes = std::vector<std::vector<int64_t>>;
@@ -296,7 +421,12 @@ Shapes PrefillShape(const std::vector<int64_t>& q, const std::vector<int64_t>&, 
                     const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&) {
   return {q};
 }
+using Shape = std::vector<int64_t>;
+Shapes DecodeShapeQ8(const Shape& q, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&) { return {q}; }
+Shapes PrefillShapeQ8(const Shape& q, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&) { return {q}; }
 Dtypes F32x1(const paddle::DataType&) { return {paddle::DataType::FLOAT32}; }
+Dtypes F32x1e(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&) { return {paddle::DataType::FLOAT32}; }
+Dtypes F32x1f(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&) { return {paddle::DataType::FLOAT32}; }
 Dtypes F32x1b(const paddle::DataType&, const paddle::DataType&) { return {paddle::DataType::FLOAT32}; }
 Dtypes F32x2(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&) {
   return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
@@ -353,6 +483,13 @@ PD_BUILD_OP(fd_x86_write_kv_cache)
     .SetInplaceMap({{"KCache", "KCacheOut"}, {"VCache", "VCacheOut"}})
     .SetKernelFn(PD_KERNEL(WriteKVCache));
 
+PD_BUILD_OP(fd_x86_write_kv_cache_q8)
+    .Inputs({"K", "V", "KCache", "VCache", "KScales", "VScales", "Slots"})
+    .Outputs({"KCacheOut", "VCacheOut", "KScalesOut", "VScalesOut"})
+    .SetInplaceMap({{"KCache", "KCacheOut"}, {"VCache", "VCacheOut"}, {"KScales", "KScalesOut"},
+                    {"VScales", "VScalesOut"}})
+    .SetKernelFn(PD_KERNEL(WriteKVCacheQ8));
+
 PD_BUILD_OP(fd_x86_decode_attention)
     .Inputs({"Q", "KCache", "VCache", "BlockTables", "SeqLens"})
     .Outputs({"Out"})
@@ -369,10 +506,28 @@ PD_BUILD_OP(fd_x86_prefill_attention)
     .SetInferShapeFn(PD_INFER_SHAPE(PrefillShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(F32x1d));
 
+PD_BUILD_OP(fd_x86_decode_attention_q8)
+    .Inputs({"Q", "KCache", "VCache", "KScales", "VScales", "BlockTables", "SeqLens"})
+    .Outputs({"Out"})
+    .Attrs({"block_size: int64_t", "scale: float", "threads: int"})
+    .SetKernelFn(PD_KERNEL(DecodeAttentionQ8))
+    .SetInferShapeFn(PD_INFER_SHAPE(DecodeShapeQ8))
+    .SetInferDtypeFn(PD_INFER_DTYPE(F32x1e));
+
+PD_BUILD_OP(fd_x86_prefill_attention_q8)
+    .Inputs({"Q", "KCache", "VCache", "KScales", "VScales", "BlockTables", "SeqLens", "QueryLens"})
+    .Outputs({"Out"})
+    .Attrs({"block_size: int64_t", "scale: float", "threads: int"})
+    .SetKernelFn(PD_KERNEL(PrefillAttentionQ8))
+    .SetInferShapeFn(PD_INFER_SHAPE(PrefillShapeQ8))
+    .SetInferDtypeFn(PD_INFER_DTYPE(F32x1f));
+
 // ------------------------------------------------- fused QKV -> rope -> cache
 //
 //   fd_x86_qkv_rope_cache(qkv, positions, cos_sin, slots, k_cache, v_cache)
 //       -> q [T, H, Dh], k [T, Hkv, Dh], v [T, Hkv, Dh]
+//   fd_x86_qkv_rope_cache_q8(qkv, positions, cos_sin, slots, k_cache, v_cache, k_scales, v_scales)
+//       the same over int8 / fp8 pools (their scales written with the codes)
 //
 // qkv [T, (H + 2 Hkv) Dh] is an attention layer's fused projection; q and k
 // come back rotated, and k / v are also stored in the caches at slots (-1:
@@ -388,33 +543,31 @@ void check_positions_and_slots(const char* op, const int64_t* pos, const int64_t
   }
 }
 
-std::vector<paddle::Tensor> QkvRopeCache(const paddle::Tensor& qkv, const paddle::Tensor& positions,
-                                         const paddle::Tensor& cos_sin, const paddle::Tensor& slots,
-                                         const paddle::Tensor& k_cache, const paddle::Tensor& v_cache,
-                                         int64_t num_heads, int64_t num_kv_heads, bool interleaved, int threads) {
-  const char* op = "fd_x86_qkv_rope_cache";
+std::vector<paddle::Tensor> qkv_rope_cache(const char* op, const paddle::Tensor& qkv, const paddle::Tensor& positions,
+                                           const paddle::Tensor& cos_sin, const paddle::Tensor& slots,
+                                           const KvPool& kp, const KvPool& vp, int64_t num_heads,
+                                           int64_t num_kv_heads, bool interleaved, int threads) {
   check_isa(op);
   check_f32(op, "qkv", qkv);
   check_i64(op, "positions", positions);
   check_f32(op, "cos_sin", cos_sin);
   check_i64(op, "slot_mapping", slots);
-  check_f32(op, "k_cache", k_cache);
-  check_f32(op, "v_cache", v_cache);
+  check_pair(op, kp, vp);
+  const std::vector<int64_t>& cache_shape = kp.shape;
   PD_CHECK(qkv.shape().size() == 2, op, ": qkv must be [T, (H + 2 Hkv) * Dh]");
-  PD_CHECK(cos_sin.shape().size() == 2 && k_cache.shape().size() == 3 && k_cache.shape() == v_cache.shape(), op,
-           ": cos_sin must be [max_pos, Dh] and the caches [S, Hkv, Dh] alike");
+  PD_CHECK(cos_sin.shape().size() == 2, op, ": cos_sin must be [max_pos, Dh] and the caches [S, Hkv, Dh] alike");
   const int64_t tokens = qkv.shape()[0], dh = cos_sin.shape()[1], max_pos = cos_sin.shape()[0];
   PD_CHECK(num_heads > 0 && num_kv_heads > 0 && dh % 2 == 0, op, ": bad heads ", num_heads, "/", num_kv_heads,
            " or odd Dh ", dh);
   PD_CHECK(qkv.shape()[1] == (num_heads + 2 * num_kv_heads) * dh, op, ": qkv has ", qkv.shape()[1],
            " columns, expected (", num_heads, " + 2 * ", num_kv_heads, ") * ", dh);
-  PD_CHECK(k_cache.shape()[1] == num_kv_heads && k_cache.shape()[2] == dh, op, ": the caches' [Hkv, Dh] are [",
-           k_cache.shape()[1], ", ", k_cache.shape()[2], "], expected [", num_kv_heads, ", ", dh, "]");
+  PD_CHECK(cache_shape[1] == num_kv_heads && cache_shape[2] == dh, op, ": the caches' [Hkv, Dh] are [",
+           cache_shape[1], ", ", cache_shape[2], "], expected [", num_kv_heads, ", ", dh, "]");
   PD_CHECK(positions.numel() == tokens && slots.numel() == tokens, op, ": qkv has ", tokens, " tokens, positions ",
            positions.numel(), ", slot_mapping ", slots.numel());
   const int64_t* pos = positions.data<int64_t>();
   const int64_t* slot = slots.data<int64_t>();
-  check_positions_and_slots(op, pos, slot, tokens, max_pos, k_cache.shape()[0]);
+  check_positions_and_slots(op, pos, slot, tokens, max_pos, cache_shape[0]);
   paddle::Tensor q = paddle::empty({tokens, num_heads, dh}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   paddle::Tensor k = paddle::empty({tokens, num_kv_heads, dh}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   paddle::Tensor v = paddle::empty({tokens, num_kv_heads, dh}, paddle::DataType::FLOAT32, paddle::CPUPlace());
@@ -423,8 +576,11 @@ std::vector<paddle::Tensor> QkvRopeCache(const paddle::Tensor& qkv, const paddle
   a.positions = pos;
   a.cos_sin = cos_sin.data<float>();
   a.slots = slot;
-  a.k_cache = const_cast<float*>(k_cache.data<float>());
-  a.v_cache = const_cast<float*>(v_cache.data<float>());
+  a.k_cache = kp.data;
+  a.v_cache = vp.data;
+  a.k_scales = kp.scales;
+  a.v_scales = vp.scales;
+  a.kv_dtype = kp.dtype;
   a.q_out = q.data<float>();
   a.k_out = k.data<float>();
   a.v_out = v.data<float>();
@@ -436,6 +592,25 @@ std::vector<paddle::Tensor> QkvRopeCache(const paddle::Tensor& qkv, const paddle
   a.threads = threads < 1 ? 1 : threads;
   if (tokens > 0) fdx86::qkv_rope_cache_avx2(a);
   return {q, k, v};
+}
+
+std::vector<paddle::Tensor> QkvRopeCache(const paddle::Tensor& qkv, const paddle::Tensor& positions,
+                                         const paddle::Tensor& cos_sin, const paddle::Tensor& slots,
+                                         const paddle::Tensor& k_cache, const paddle::Tensor& v_cache,
+                                         int64_t num_heads, int64_t num_kv_heads, bool interleaved, int threads) {
+  const char* op = "fd_x86_qkv_rope_cache";
+  return qkv_rope_cache(op, qkv, positions, cos_sin, slots, kv_pool(op, "k_cache", k_cache, nullptr),
+                        kv_pool(op, "v_cache", v_cache, nullptr), num_heads, num_kv_heads, interleaved, threads);
+}
+
+std::vector<paddle::Tensor> QkvRopeCacheQ8(const paddle::Tensor& qkv, const paddle::Tensor& positions,
+                                           const paddle::Tensor& cos_sin, const paddle::Tensor& slots,
+                                           const paddle::Tensor& k_cache, const paddle::Tensor& v_cache,
+                                           const paddle::Tensor& k_scales, const paddle::Tensor& v_scales,
+                                           int64_t num_heads, int64_t num_kv_heads, bool interleaved, int threads) {
+  const char* op = "fd_x86_qkv_rope_cache_q8";
+  return qkv_rope_cache(op, qkv, positions, cos_sin, slots, kv_pool(op, "k_cache", k_cache, &k_scales),
+                        kv_pool(op, "v_cache", v_cache, &v_scales), num_heads, num_kv_heads, interleaved, threads);
 }
 
 std::vector<std::vector<int64_t>> QkvShape(const std::vector<int64_t>& qkv, const std::vector<int64_t>&,
@@ -451,6 +626,16 @@ std::vector<paddle::DataType> F32x3(const paddle::DataType&, const paddle::DataT
   return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
 }
 
+std::vector<std::vector<int64_t>> QkvShapeQ8(const std::vector<int64_t>& qkv, const std::vector<int64_t>&, const std::vector<int64_t>& cos_sin,
+                                             const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, int64_t num_heads, int64_t num_kv_heads) {
+  const int64_t dh = cos_sin.size() == 2 ? cos_sin[1] : -1;
+  return {{qkv[0], num_heads, dh}, {qkv[0], num_kv_heads, dh}, {qkv[0], num_kv_heads, dh}};
+}
+
+std::vector<paddle::DataType> F32x3q8(const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&) {
+  return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
+}
+
 }  // namespace
 
 PD_BUILD_OP(fd_x86_qkv_rope_cache)
@@ -461,10 +646,19 @@ PD_BUILD_OP(fd_x86_qkv_rope_cache)
     .SetInferShapeFn(PD_INFER_SHAPE(QkvShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(F32x3));
 
+PD_BUILD_OP(fd_x86_qkv_rope_cache_q8)
+    .Inputs({"QKV", "Positions", "CosSin", "Slots", "KCache", "VCache", "KScales", "VScales"})
+    .Outputs({"Q", "K", "V"})
+    .Attrs({"num_heads: int64_t", "num_kv_heads: int64_t", "interleaved: bool", "threads: int"})
+    .SetKernelFn(PD_KERNEL(QkvRopeCacheQ8))
+    .SetInferShapeFn(PD_INFER_SHAPE(QkvShapeQ8))
+    .SetInferDtypeFn(PD_INFER_DTYPE(F32x3q8));
+
 // ----------------------------------------------------------- decoder layers
 //
 //   fd_x86_decoder_layers(hidden, residual, cos_sin, positions, slots, block_tables, seq_lens,
-//                         norms[2L], k_caches[L], v_caches[L], weights[8L]) -> hidden, residual
+//                         norms[2L], k_caches[L], v_caches[L], k_scales[L], v_scales[L],
+//                         weights[8L]) -> hidden, residual
 //
 // A run of L consecutive pre-norm decoder layers of a decode step (one token
 // per request, T requests), in one call. Each layer: RMSNorm (with the
@@ -476,7 +670,10 @@ PD_BUILD_OP(fd_x86_qkv_rope_cache)
 // up_gate, down per layer as fd_x86.linear packs them; methods,
 // out_features and group_sizes (4 per layer) give each one's kernel
 // (packed_linear.h), output width and wint4 group. The layers share eps,
-// heads, rotary layout and scale. The same kernels as the separate ops, so
+// heads, rotary layout and scale. The caches may be of any KvDtype (the
+// layers' alike; non-fp32 ones need AVX-512): int8 / fp8 code pools take
+// their scales [S, Hkv] from k_scales / v_scales, whose entries a float
+// pool's layer ignores (any fp32 tensor). The same kernels as the separate ops, so
 // the same results; what it saves is ~8 op calls per layer and the Python
 // between the layers.
 namespace {
@@ -485,8 +682,7 @@ namespace {
 struct LayerPlan {
   const float* input_norm = nullptr;
   const float* post_norm = nullptr;
-  float* k_cache = nullptr;
-  float* v_cache = nullptr;
+  KvPool k_pool, v_pool;
   fdx86::AttentionArgs attn;
   fdx86::LinearArgs lin[4];
   int methods[4] = {0, 0, 0, 0};
@@ -497,6 +693,7 @@ std::vector<paddle::Tensor> DecoderLayers(
     const paddle::Tensor& positions, const paddle::Tensor& slots, const paddle::Tensor& block_tables,
     const paddle::Tensor& seq_lens, const std::vector<paddle::Tensor>& norms,
     const std::vector<paddle::Tensor>& k_caches, const std::vector<paddle::Tensor>& v_caches,
+    const std::vector<paddle::Tensor>& k_scales, const std::vector<paddle::Tensor>& v_scales,
     const std::vector<paddle::Tensor>& weights, bool has_residual, const std::vector<int>& methods,
     const std::vector<int64_t>& out_features, const std::vector<int>& group_sizes, float eps, int64_t num_heads,
     int64_t num_kv_heads, bool interleaved, int64_t block_size, float scale, int threads) {
@@ -510,7 +707,8 @@ std::vector<paddle::Tensor> DecoderLayers(
   PD_CHECK(hidden.shape().size() == 2, op, ": hidden must be [T, D]");
   PD_CHECK(!has_residual || residual.shape() == hidden.shape(), op, ": residual must have hidden's shape");
   const size_t L = k_caches.size();
-  PD_CHECK(L >= 1 && v_caches.size() == L && norms.size() == 2 * L && weights.size() == 8 * L &&
+  PD_CHECK(L >= 1 && v_caches.size() == L && k_scales.size() == L && v_scales.size() == L &&
+               norms.size() == 2 * L && weights.size() == 8 * L &&
                methods.size() == 4 * L && out_features.size() == 4 * L && group_sizes.size() == 4 * L,
            op, ": for ", L, " layers needs 2 norms, a k and a v cache, (packed, scales) x 4 weights and 4 methods / "
            "out_features / group_sizes per layer");
@@ -540,8 +738,12 @@ std::vector<paddle::Tensor> DecoderLayers(
     PD_CHECK(outs[2] % 2 == 0, op, ": layer ", l, ": up_gate must have an even output width");
     const int64_t inter = outs[2] / 2;
     inter_max = std::max(inter_max, inter);
-    prepare_attention(op, q, k_caches[l], v_caches[l], block_tables, seq_lens, T, block_size, scale, nthreads,
-                      &p.attn);
+    // an int8 / fp8 pool (int8 / uint8 codes) comes with its scales; a float pool's entry is unused
+    const bool scaled = k_caches[l].dtype() == paddle::DataType::INT8 || k_caches[l].dtype() == paddle::DataType::UINT8;
+    p.k_pool = kv_pool(op, "k_cache", k_caches[l], scaled ? &k_scales[l] : nullptr);
+    p.v_pool = kv_pool(op, "v_cache", v_caches[l], scaled ? &v_scales[l] : nullptr);
+    prepare_attention_pools(op, q, p.k_pool, p.v_pool, block_tables, seq_lens, T, block_size, scale, nthreads,
+                            &p.attn);
     PD_CHECK(p.attn.Hkv == Hkv, op, ": layer ", l, ": the caches hold ", p.attn.Hkv, " kv heads, expected ", Hkv);
     if (l == 0)
       check_positions_and_slots(op, positions.data<int64_t>(), slots.data<int64_t>(), T, cos_sin.shape()[0],
@@ -558,8 +760,6 @@ std::vector<paddle::Tensor> DecoderLayers(
     }
     p.input_norm = in_norm.data<float>();
     p.post_norm = post_norm.data<float>();
-    p.k_cache = const_cast<float*>(k_caches[l].data<float>());
-    p.v_cache = const_cast<float*>(v_caches[l].data<float>());
   }
   for (int64_t b = 0; b < T; ++b)
     PD_CHECK(plans[0].attn.seq_lens[b] >= 1, op, ": request ", b, " has no cached tokens");
@@ -608,8 +808,11 @@ std::vector<paddle::Tensor> DecoderLayers(
     rope.positions = positions.data<int64_t>();
     rope.cos_sin = cos_sin.data<float>();
     rope.slots = slots.data<int64_t>();
-    rope.k_cache = p.k_cache;
-    rope.v_cache = p.v_cache;
+    rope.k_cache = p.k_pool.data;
+    rope.v_cache = p.v_pool.data;
+    rope.k_scales = p.k_pool.scales;
+    rope.v_scales = p.v_pool.scales;
+    rope.kv_dtype = p.k_pool.dtype;
     rope.q_out = q.data<float>();
     rope.k_out = k;
     rope.v_out = v;
@@ -643,6 +846,7 @@ std::vector<std::vector<int64_t>> DecoderLayersShape(
     const std::vector<int64_t>& hidden, const std::vector<int64_t>&, const std::vector<int64_t>&,
     const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&,
     const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&,
+    const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&,
     const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&) {
   return {hidden, hidden};
 }
@@ -650,6 +854,7 @@ std::vector<std::vector<int64_t>> DecoderLayersShape(
 std::vector<paddle::DataType> DecoderLayersDtype(
     const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&,
     const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const std::vector<paddle::DataType>&,
+    const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&,
     const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&,
     const std::vector<paddle::DataType>&) {
   return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
@@ -659,7 +864,8 @@ std::vector<paddle::DataType> DecoderLayersDtype(
 
 PD_BUILD_OP(fd_x86_decoder_layers)
     .Inputs({"Hidden", "Residual", "CosSin", "Positions", "Slots", "BlockTables", "SeqLens", paddle::Vec("Norms"),
-             paddle::Vec("KCaches"), paddle::Vec("VCaches"), paddle::Vec("Weights")})
+             paddle::Vec("KCaches"), paddle::Vec("VCaches"), paddle::Vec("KScales"), paddle::Vec("VScales"),
+             paddle::Vec("Weights")})
     .Outputs({"HiddenOut", "ResidualOut"})
     .Attrs({"has_residual: bool", "methods: std::vector<int>", "out_features: std::vector<int64_t>",
             "group_sizes: std::vector<int>", "eps: float", "num_heads: int64_t", "num_kv_heads: int64_t",

@@ -1,0 +1,144 @@
+"""fd_x86.dense16: bf16 / fp16 weights in the reference's layout against
+``reference_linear``, per kernel, on odd shapes and thread counts.
+
+Tolerances, relative to ``|x| @ |W|`` (the bound's natural scale):
+stream (exact fp32 products, fp32 sums in another order): 1e-5;
+bf16 GEMM (x rounded to bf16): ``GEMM_REL_ERR`` = 2^-9, plus the same 1e-5.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fd_x86.cpu import AVX512_BF16_FLAG, AVX512_FLAGS, cpu_features
+
+paddle = pytest.importorskip("paddle")
+
+import fd_x86.dense16 as dense16  # noqa: E402
+from fd_x86.dense16 import GEMM_MIN_ROWS, GEMM_REL_ERR, dense16_linear  # noqa: E402
+
+from fd_core.ops.linear import reference_linear  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not cpu_features().has(*AVX512_FLAGS), reason="no AVX-512 F/BW/VL/DQ on this CPU")
+_NO_BF16_DOT = pytest.mark.skipif(not cpu_features().has(AVX512_BF16_FLAG), reason="no avx512_bf16 on this CPU")
+
+ROWS = (1, 2, 3, 7, 8, 17, 64, 129)
+SHAPES = [(40, 72), (72, 1000), (1000, 40), (33, 17)]  # (K, N): K odd / not of 16, N not of 16 / 64
+STREAM_TOL = 1e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ops() -> None:
+    from fd_x86.build import load_ops
+
+    load_ops()  # builds once per key (~30 s), then cached
+
+
+def _case(rows: int, k: int, n: int, dtype: str, seed: int, bias: bool = True) -> tuple:
+    rng = np.random.default_rng(seed)
+    x = paddle.to_tensor(rng.normal(0, 1, (rows, k)).astype(np.float32))
+    w = paddle.to_tensor(rng.normal(0, k**-0.5, (k, n)).astype(np.float32)).astype(dtype)
+    b = paddle.to_tensor(rng.normal(0, 1, n).astype(np.float32)).astype(dtype) if bias else None
+    scale = np.abs(x.numpy()) @ np.abs(w.astype("float32").numpy())  # sum_k |x_k w_k|, per output
+    return x, w, b, scale
+
+
+def _dense(x: Any, w: Any, b: Any | None = None, **kwargs: Any) -> Any:
+    out = dense16_linear(x, w, b, **kwargs)
+    assert out is not None, "dense16 declined a bf16 / fp16 CPU weight"
+    return out
+
+
+def _check(got, want, scale: np.ndarray, rel: float) -> None:
+    err = np.abs(got.numpy() - want.numpy())
+    assert got.shape == want.shape
+    assert np.all(err <= rel * scale + 1e-6), f"max error / scale = {np.max(err / (scale + 1e-30)):.3g} > {rel:.3g}"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_stream_kernel_matches_reference(dtype: str, rows: int, k: int, n: int) -> None:
+    x, w, b, scale = _case(rows, k, n, dtype, seed=rows * 31 + k)
+    want = reference_linear(x, w, b)
+    for threads in (1, 2):
+        _check(_dense(x, w, b, kernel="stream", threads=threads), want, scale, STREAM_TOL)
+
+
+@_NO_BF16_DOT
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("k,n", SHAPES)
+def test_bf16_gemm_within_stated_bound(rows: int, k: int, n: int) -> None:
+    x, w, b, scale = _case(rows, k, n, "bfloat16", seed=rows * 17 + n)
+    want = reference_linear(x, w, b)
+    for threads in (1, 2):
+        _check(_dense(x, w, b, kernel="gemm", threads=threads), want, scale, GEMM_REL_ERR + STREAM_TOL)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rows", [GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS])
+def test_auto_runs_the_gemm_from_its_threshold_for_bf16_only(dtype: str, rows: int) -> None:
+    x, w, b, _ = _case(rows, 72, 1000, dtype, seed=5)
+    gemm = dtype == "bfloat16" and rows >= GEMM_MIN_ROWS and cpu_features().has(AVX512_BF16_FLAG)
+    expected = _dense(x, w, b, kernel="gemm" if gemm else "stream", threads=1)
+    np.testing.assert_array_equal(_dense(x, w, b, threads=1).numpy(), expected.numpy())
+
+
+def test_threshold_matches_the_c_kernels() -> None:
+    header = (Path(dense16.__file__).parent / "csrc" / "kernels.h").read_text()
+    assert re.search(rf"kDense16GemmMinRows = {GEMM_MIN_ROWS};", header)
+
+
+def test_strided_and_batched_x() -> None:
+    x, w, b, _ = _case(6, 80, 48, "bfloat16", seed=9)
+    strided = x[:, ::2]  # [6, 40], not contiguous
+    assert not strided.is_contiguous()
+    w40 = w[:40].contiguous()
+    np.testing.assert_allclose(_dense(strided, w40, b, kernel="stream").numpy(),
+                               reference_linear(strided, w40, b).numpy(), rtol=1e-5, atol=1e-5)
+    x3 = x.reshape([2, 3, 80])
+    got = _dense(x3, w, None, kernel="stream")
+    assert got.shape == [2, 3, 48]
+    np.testing.assert_allclose(got.numpy(), reference_linear(x3, w).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_declines_what_it_does_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, w, b, _ = _case(2, 40, 32, "bfloat16", seed=1)
+    assert dense16_linear(x, w.astype("float32"), b) is None  # fp32 weight
+    assert dense16_linear(x, w.T, b) is None  # a non-contiguous weight is not copied
+    assert dense16_linear(x.astype("float64"), w, b) is None
+    monkeypatch.setenv("FD_X86_DENSE16", "0")
+    assert dense16_linear(x, w, b) is None
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    from fd_x86.build import load_ops
+
+    x, w, _, _ = _case(2, 40, 32, "bfloat16", seed=1)
+    with pytest.raises(ValueError, match=r"has 40 input features, the weight \[41, 32\] expects 41"):
+        dense16_linear(x, paddle.zeros([41, 32], dtype="bfloat16"))
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        dense16_linear(x, w, kernel="amx")
+    ops = load_ops()
+    with pytest.raises(Exception, match="w must be bfloat16 or float16"):
+        ops.fd_x86_dense16_linear(x, paddle.zeros([40, 32], dtype="int8"), 1, 0)
+    with pytest.raises(Exception, match=r"x has K = 40 input features, w \[K, N\] has 39"):
+        ops.fd_x86_dense16_linear(x, paddle.zeros([39, 32], dtype="bfloat16"), 1, 0)
+    with pytest.raises(Exception, match="kernel 2 .bf16 GEMM. needs bfloat16 weights"):
+        ops.fd_x86_dense16_linear(x, w.astype("float16"), 1, 2)
+
+
+def test_backend_hook_answers_16_bit_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fd_x86 import backend
+
+    x, w, b, _ = _case(3, 72, 40, "bfloat16", seed=4)
+    got = backend.fd_linear(x, w, b, None)
+    assert got is not None
+    np.testing.assert_array_equal(got.numpy(), _dense(x, w, b).numpy())
+    assert backend.fd_linear(x, w.astype("float32"), b, None) is None  # fp32: the reference's matmul
+    monkeypatch.setenv("FD_X86_DENSE16", "0")
+    assert backend.fd_linear(x, w, b, None) is None
