@@ -92,8 +92,19 @@ def fd_device_memory(device_id: int) -> MemoryInfo:
 def fd_device_capabilities() -> Capabilities:
     # KV dtypes: all run the native KV ops on AVX-512 CPUs (fp32 only on AVX2 ones, where
     # the hooks answer None for the others and fd-core's reference runs them)
+    # bf16: 16-bit weights run native kernels (fd_x86.dense16; the bf16 GEMM rounds activations
+    # to bf16), so --dtype auto keeps a bf16 / fp16 checkpoint's dtype on a CPU that has them
     return Capabilities(quantization_methods=("wint8", "wint4", "w8a8"),
-                        kv_cache_dtypes=("float32", "bfloat16", "float16", "int8", "fp8"))
+                        kv_cache_dtypes=("float32", "bfloat16", "float16", "int8", "fp8"), bf16=_dense16_native())
+
+
+def _dense16_native() -> bool:
+    from fd_x86.dense16 import dense16_enabled
+
+    try:
+        return dense16_enabled()
+    except Exception:  # the hook must never raise
+        return False
 
 
 @hookimpl

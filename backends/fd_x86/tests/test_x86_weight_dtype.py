@@ -105,7 +105,11 @@ def test_bf16_greedy_matches_the_cpu_reference(tmp_path, monkeypatch):
     np.testing.assert_allclose(np.concatenate(outs["x86"][1]), np.concatenate(outs["cpu"][1]), atol=2e-2)
 
 
-def test_auto_keeps_fp32_on_x86(tmp_path):
+def test_auto_keeps_the_checkpoint_dtype_where_dense16_runs(tmp_path):
+    from fd_x86.dense16 import dense16_enabled
+
     model = generate_checkpoint(tmp_path / "tiny", "tiny-dense", naming="paddle", seed=2)  # bf16 on disk
     runner = ModelRunner(model, get_backend("x86"), num_blocks=8, block_size=16)
-    assert runner.dtype == "float32"  # x86 declares no native bf16 compute yet (Capabilities.bf16)
+    # x86 declares native 16-bit compute (Capabilities.bf16) where its dense16 kernels run
+    assert get_backend("x86").capabilities().bf16 == dense16_enabled()
+    assert runner.dtype == ("bfloat16" if dense16_enabled() else "float32")
