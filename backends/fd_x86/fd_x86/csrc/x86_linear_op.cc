@@ -104,6 +104,15 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads) {
   PD_CHECK(packed.is_cpu() && scales.is_cpu(), op, ": the packed weight and scales must be on the CPU");
   PD_CHECK(packed.is_contiguous() && scales.is_contiguous(), op, ": packed and scales must be contiguous");
+  PD_CHECK(method >= 0 && method <= kDense16Method + 1, op, ": method must be 0 to ", kDense16Method + 1, ", got ",
+           method);
+  LinearArgs a;
+  a.M = M;
+  a.K = K;
+  a.N = n;
+  a.x = x;
+  a.w = packed.data();
+  a.threads = threads < 1 ? 1 : threads;
   if (method == kDense16Method || method == kDense16Method + 1) {
     // a 16-bit dense weight in the reference's layout [K, N], read in place; no scales
     const bool bf16 = method == kDense16Method;
@@ -112,28 +121,13 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
     PD_CHECK(packed.shape().size() == 2 && packed.shape()[0] == K && packed.shape()[1] == n, op,
              ": a dense weight must be [K, N] = [", K, ", ", n, "]");
     PD_CHECK(cpu_has_avx512_vnni(), op, ": the fused kernels need AVX-512");
-    LinearArgs a;
-    a.M = M;
-    a.K = K;
-    a.N = n;
-    a.x = x;
-    a.w = packed.data();
-    a.threads = threads < 1 ? 1 : threads;
     return a;
   }
   PD_CHECK(packed.dtype() == paddle::DataType::INT8 || packed.dtype() == paddle::DataType::UINT8, op,
            ": packed must be int8 / uint8");
   PD_CHECK(scales.dtype() == paddle::DataType::FLOAT32, op, ": scales must be float32");
-  PD_CHECK(method >= 0 && method <= 3, op, ": method must be 0, 1, 2 or 3, got ", method);
   PD_CHECK(cpu_has_avx512_vnni(), op, ": the packed kernels need AVX-512 VNNI");
-  LinearArgs a;
-  a.M = M;
-  a.K = K;
-  a.N = n;
-  a.x = x;
-  a.w = packed.data();
   a.scales = scales.data<float>();
-  a.threads = threads < 1 ? 1 : threads;
   const int64_t n16 = round_up(a.N, 16);
   int64_t want = round_up(a.N, 32) * a.K;  // wint8: [N32][K][32]
   if (method == 1) {
