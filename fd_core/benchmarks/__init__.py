@@ -1,7 +1,10 @@
 """Benchmarks: ``fd-bench serve`` (an OpenAI-compatible server over HTTP),
-``fd-bench throughput`` and ``fd-bench latency`` (the engine in process), and
-``compare`` (the same workload through HF transformers ``generate`` and
-through a real ``fd-serve``, one after the other; ``benchmarks/compare.py``).
+``fd-bench compare`` (one token-id request stream through several
+OpenAI-compatible servers, one after the other, and their ratios;
+``compare_servers``), ``fd-bench throughput`` and ``fd-bench latency`` (the
+engine in process), and ``compare`` (the same workload through HF
+transformers ``generate`` and through a real ``fd-serve``;
+``benchmarks/compare.py``).
 
 Owns the benchmark datasets (random, shared-prefix, ShareGPT), the streaming
 HTTP client that times each request, the serving metrics (vLLM's

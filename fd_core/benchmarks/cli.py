@@ -1,7 +1,10 @@
-"""``fd-bench``: ``serve``, ``throughput`` and ``latency`` subcommands.
+"""``fd-bench``: ``serve``, ``compare``, ``throughput`` and ``latency`` subcommands.
 
     fd-bench serve --base-url http://127.0.0.1:8000 --num-prompts 200 \\
         --random-input-len 512 --random-output-len 128 --request-rate 4 --save-result
+    fd-bench compare --base-url http://127.0.0.1:8180 --label fd-core \\
+        --base-url http://127.0.0.1:8081 --label llama.cpp --num-prompts 32 \\
+        --random-input-range 128:512 --random-output-range 64:128 --request-rate 2
     fd-bench throughput --model DIR --backend cpu --input-len 128 --output-len 128
     fd-bench latency --model DIR --batch-size 8 --input-len 32 --output-len 128
 
@@ -23,6 +26,7 @@ __all__ = ["build_parser", "main", "save_result"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fd_core.benchmarks.compare_servers import add_compare_args, run_compare
     from fd_core.benchmarks.offline import (
         add_latency_args,
         add_throughput_args,
@@ -32,9 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     from fd_core.benchmarks.serve import add_serve_args, run_serve
 
     parser = argparse.ArgumentParser(prog="fd-bench", description="fd-core benchmarks")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,throughput,latency}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,compare,throughput,latency}")
     commands = (
         ("serve", "load an OpenAI-compatible server over streaming HTTP", add_serve_args, run_serve),
+        ("compare", "the same token-id requests through several OpenAI-compatible servers, "
+                    "one after the other, and their ratios", add_compare_args, run_compare),
         ("throughput", "offline throughput of the engine in process", add_throughput_args, run_throughput),
         ("latency", "offline prefill and per-step decode latency", add_latency_args, run_latency),
     )
@@ -63,7 +69,9 @@ def _jsonable(value: Any) -> Any:
 def _default_filename(result: dict[str, Any]) -> str:
     cfg = result.get("config", {})
     parts = ["fd-bench", result.get("kind", "result")]
-    if result.get("kind") == "serve":
+    if result.get("kind") == "compare":
+        parts += [f"{cfg.get('request_rate')}qps", *(str(s["label"]) for s in result.get("servers", []))]
+    elif result.get("kind") == "serve":
         parts += [f"{cfg.get('request_rate')}qps", f"concurrency{cfg.get('max_concurrency')}",
                   Path(str(result.get("model_id", "model"))).name]
     else:

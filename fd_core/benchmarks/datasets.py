@@ -2,7 +2,11 @@
 
 - ``random``: prompts of random tokens, lengths uniform in
   ``[len * (1 - r), len * (1 + r)]`` (vLLM's ``--random-range-ratio``), after an
-  optional ``--random-prefix-len`` prefix shared by all requests.
+  optional ``--random-prefix-len`` prefix shared by all requests. Prompt and
+  output lengths can instead come from independent inclusive ranges,
+  ``--random-input-range LO:HI`` and ``--random-output-range LO:HI`` (vLLM and
+  FastDeploy have only the shared ratio; each range replaces its side's
+  ``--random-*-len`` and the ratio).
 - ``shared-prefix``: ``--shared-prefix-num-groups`` system prompts of
   ``--shared-prefix-len`` random tokens, each request one of them (round robin)
   plus its own question of ``--random-input-len`` tokens: a prefix-cache load.
@@ -15,7 +19,9 @@ With a tokenizer, random prompts are text decoded from random ordinary ids
 (no special, added or byte-fallback tokens), trimmed so that re-encoding gives
 about the wanted count, which is what the server will see. Without one they
 are token-id lists (``/v1/completions`` accepts those), ids drawn from
-``[100, --random-vocab-size)``.
+``[100, --random-vocab-size)``. ``keep_ids`` keeps token-id prompts even with a
+tokenizer (ids then come from its ordinary vocabulary): what ``fd-bench
+compare`` sends to every server.
 """
 
 from __future__ import annotations
@@ -23,18 +29,22 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["DATASETS", "SampleRequest", "TokenSource", "add_dataset_args", "random_requests",
-           "sample_requests", "sharegpt_requests", "shared_prefix_requests"]
+__all__ = ["DATASETS", "LengthRange", "SampleRequest", "TokenSource", "add_dataset_args",
+           "check_length_range", "length_range_type", "random_requests", "sample_requests",
+           "sharegpt_requests", "shared_prefix_requests"]
 
 DATASETS = ("random", "shared-prefix", "sharegpt")
 _FIRST_PLAIN_ID = 100  # below this, vocabularies keep their special tokens
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = 1024, 128
+LengthRange = tuple[int, int]  # inclusive (LO, HI) token counts
 
 
 @dataclass
@@ -47,9 +57,11 @@ class SampleRequest:
 class TokenSource:
     """Draws random ordinary token ids and renders them as a prompt."""
 
-    def __init__(self, rng: np.random.Generator, tokenizer: Any = None, vocab_size: int = 1000):
+    def __init__(self, rng: np.random.Generator, tokenizer: Any = None, vocab_size: int = 1000,
+                 keep_ids: bool = False):
         self.rng = rng
         self.tokenizer = tokenizer
+        self.keep_ids = keep_ids
         if tokenizer is None:
             if vocab_size <= _FIRST_PLAIN_ID:
                 raise ValueError(f"--random-vocab-size must be > {_FIRST_PLAIN_ID}, got {vocab_size}")
@@ -65,7 +77,7 @@ class TokenSource:
 
     def render(self, prefix: list[int], ids: list[int]) -> tuple[str | list[int], int]:
         """(prompt, token count) for ``prefix + ids``; text is trimmed to about that count."""
-        if self.tokenizer is None:
+        if self.tokenizer is None or self.keep_ids:
             return prefix + ids, len(prefix) + len(ids)
         target = len(prefix) + len(ids)
         for _ in range(4):  # decode -> encode changes the count a little; converge
@@ -80,11 +92,45 @@ class TokenSource:
         return text, count
 
 
-def _lengths(rng: np.random.Generator, mean: int, ratio: float, n: int, name: str) -> np.ndarray:
+def check_length_range(bounds: LengthRange, flag: str) -> LengthRange:
+    """``bounds`` as ints when ``1 <= LO <= HI``; else ValueError naming ``flag``."""
+    lo, hi = bounds
+    if not (isinstance(lo, (int, np.integer)) and isinstance(hi, (int, np.integer))):
+        raise ValueError(f"{flag} must be two integers LO:HI, got {bounds!r}")
+    if not 1 <= lo <= hi:
+        raise ValueError(f"{flag} must satisfy 1 <= LO <= HI, got {lo}:{hi}")
+    return int(lo), int(hi)
+
+
+def length_range_type(flag: str) -> Callable[[str], LengthRange]:
+    """argparse ``type`` for ``LO:HI`` (or ``N`` for ``N:N``); argparse names ``flag`` on error."""
+
+    def parse(text: str) -> LengthRange:
+        lo, sep, hi = text.partition(":")
+        try:
+            bounds = (int(lo), int(hi if sep else lo))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected LO:HI with integers 1 <= LO <= HI (e.g. 128:512), got {text!r}") from None
+        try:
+            return check_length_range(bounds, flag)
+        except ValueError as exc:  # argparse already names the flag
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{flag} ")) from None
+
+    return parse
+
+
+def _bounds(mean: int, ratio: float, given: LengthRange | None, name: str) -> LengthRange:
+    """(LO, HI): ``given`` as is, else ``mean`` widened by ``ratio``."""
+    if given is not None:
+        return check_length_range(given, f"--{name.replace('-len', '-range')}")
     if mean < 1:
         raise ValueError(f"--{name} must be >= 1, got {mean}")
-    low, high = max(int(mean * (1 - ratio)), 1), max(int(mean * (1 + ratio)), 1)
-    return rng.integers(low, high + 1, size=n)
+    return max(int(mean * (1 - ratio)), 1), max(int(mean * (1 + ratio)), 1)
+
+
+def _lengths(rng: np.random.Generator, bounds: LengthRange, n: int) -> np.ndarray:
+    return rng.integers(bounds[0], bounds[1] + 1, size=n)
 
 
 def _check_ratio(ratio: float) -> None:
@@ -93,13 +139,19 @@ def _check_ratio(ratio: float) -> None:
 
 
 def random_requests(source: TokenSource, num: int, input_len: int, output_len: int,
-                    range_ratio: float = 0.0, prefix_len: int = 0) -> list[SampleRequest]:
-    """``num`` prompts: a shared prefix of ``prefix_len`` tokens + random tokens."""
+                    range_ratio: float = 0.0, prefix_len: int = 0,
+                    input_range: LengthRange | None = None,
+                    output_range: LengthRange | None = None) -> list[SampleRequest]:
+    """``num`` prompts: a shared prefix of ``prefix_len`` tokens + random tokens.
+
+    Lengths are uniform in ``input_range`` / ``output_range`` when given, else in
+    ``len * (1 -+ range_ratio)``; the two sides are drawn independently.
+    """
     _check_ratio(range_ratio)
     if prefix_len < 0:
         raise ValueError(f"--random-prefix-len must be >= 0, got {prefix_len}")
-    inputs = _lengths(source.rng, input_len, range_ratio, num, "random-input-len")
-    outputs = _lengths(source.rng, output_len, range_ratio, num, "random-output-len")
+    inputs = _lengths(source.rng, _bounds(input_len, range_ratio, input_range, "random-input-len"), num)
+    outputs = _lengths(source.rng, _bounds(output_len, range_ratio, output_range, "random-output-len"), num)
     prefix = source.draw(prefix_len)
     out = []
     for n_in, n_out in zip(inputs, outputs):
@@ -109,16 +161,17 @@ def random_requests(source: TokenSource, num: int, input_len: int, output_len: i
 
 
 def shared_prefix_requests(source: TokenSource, num: int, prefix_len: int, question_len: int,
-                           output_len: int, range_ratio: float = 0.0,
-                           num_groups: int = 1) -> list[SampleRequest]:
+                           output_len: int, range_ratio: float = 0.0, num_groups: int = 1,
+                           question_range: LengthRange | None = None,
+                           output_range: LengthRange | None = None) -> list[SampleRequest]:
     """Request ``i`` is system prompt ``i % num_groups`` + its own question."""
     _check_ratio(range_ratio)
     if prefix_len < 1 or num_groups < 1:
         raise ValueError(f"--shared-prefix-len and --shared-prefix-num-groups must be >= 1, "
                          f"got {prefix_len} and {num_groups}")
     prefixes = [source.draw(prefix_len) for _ in range(num_groups)]
-    questions = _lengths(source.rng, question_len, range_ratio, num, "random-input-len")
-    outputs = _lengths(source.rng, output_len, range_ratio, num, "random-output-len")
+    questions = _lengths(source.rng, _bounds(question_len, range_ratio, question_range, "random-input-len"), num)
+    outputs = _lengths(source.rng, _bounds(output_len, range_ratio, output_range, "random-output-len"), num)
     out = []
     for i, (n_q, n_out) in enumerate(zip(questions, outputs)):
         prompt, count = source.render(prefixes[i % num_groups], source.draw(int(n_q)))
@@ -178,10 +231,17 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     a("--seed", type=int, default=0)
     a("--tokenizer", help="a model directory with fd-core tokenizer files; prompts become text "
                           "(serve: defaults to --model when that is a local checkpoint)")
-    a("--random-input-len", type=int, default=1024, help="prompt (question) tokens")
-    a("--random-output-len", type=int, default=128)
+    a("--random-input-len", type=int, default=None,
+      help=f"prompt (question) tokens (default {DEFAULT_INPUT_LEN})")
+    a("--random-output-len", type=int, default=None, help=f"output tokens (default {DEFAULT_OUTPUT_LEN})")
     a("--random-range-ratio", type=float, default=0.0,
-      help="lengths uniform in [len*(1-r), len*(1+r)]")
+      help="lengths uniform in [len*(1-r), len*(1+r)], for both prompts and outputs")
+    a("--random-input-range", type=length_range_type("--random-input-range"), default=None,
+      metavar="LO:HI", help="prompt (question) tokens uniform in [LO, HI], drawn independently of "
+                            "outputs; replaces --random-input-len and the ratio for prompts")
+    a("--random-output-range", type=length_range_type("--random-output-range"), default=None,
+      metavar="LO:HI", help="output tokens uniform in [LO, HI]; replaces --random-output-len "
+                            "and the ratio for outputs")
     a("--random-prefix-len", type=int, default=0, help="tokens of a prefix shared by all prompts")
     a("--random-vocab-size", type=int, default=1000,
       help="without --tokenizer, token ids are drawn from [100, this)")
@@ -190,8 +250,25 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
     a("--sharegpt-output-len", type=int, default=None, help="fixed output length for sharegpt")
 
 
-def sample_requests(args: argparse.Namespace, tokenizer: Any = None) -> list[SampleRequest]:
-    """The requests the parsed dataset flags describe."""
+def _random_lengths(args: argparse.Namespace) -> dict[str, Any]:
+    """Length keywords for the random generators; a flag that would be ignored is refused."""
+    out: dict[str, Any] = {}
+    for side, default in (("input", DEFAULT_INPUT_LEN), ("output", DEFAULT_OUTPUT_LEN)):
+        length, bounds = getattr(args, f"random_{side}_len"), getattr(args, f"random_{side}_range")
+        if length is not None and bounds is not None:
+            raise ValueError(f"--random-{side}-len and --random-{side}-range exclude each other; "
+                             "give one of them")
+        out[f"{side}_len"] = default if length is None else length
+        out[f"{side}_range"] = bounds
+    if out["input_range"] is not None and out["output_range"] is not None and args.random_range_ratio:
+        raise ValueError("--random-range-ratio has no effect with both --random-input-range and "
+                         "--random-output-range; drop it")
+    return out
+
+
+def sample_requests(args: argparse.Namespace, tokenizer: Any = None,
+                    keep_ids: bool = False) -> list[SampleRequest]:
+    """The requests the parsed dataset flags describe; ``keep_ids``: token-id prompts always."""
     if args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
     rng = np.random.default_rng(args.seed)
@@ -200,10 +277,12 @@ def sample_requests(args: argparse.Namespace, tokenizer: Any = None) -> list[Sam
             raise ValueError("--dataset-name sharegpt needs --dataset-path FILE.json")
         return sharegpt_requests(args.dataset_path, args.num_prompts, rng, tokenizer,
                                  args.sharegpt_output_len)
-    source = TokenSource(rng, tokenizer, args.random_vocab_size)
+    source = TokenSource(rng, tokenizer, args.random_vocab_size, keep_ids)
+    n = _random_lengths(args)
     if args.dataset_name == "shared-prefix":
         return shared_prefix_requests(source, args.num_prompts, args.shared_prefix_len,
-                                      args.random_input_len, args.random_output_len,
-                                      args.random_range_ratio, args.shared_prefix_num_groups)
-    return random_requests(source, args.num_prompts, args.random_input_len, args.random_output_len,
-                           args.random_range_ratio, args.random_prefix_len)
+                                      n["input_len"], n["output_len"], args.random_range_ratio,
+                                      args.shared_prefix_num_groups, n["input_range"], n["output_range"])
+    return random_requests(source, args.num_prompts, n["input_len"], n["output_len"],
+                           args.random_range_ratio, args.random_prefix_len, n["input_range"],
+                           n["output_range"])

@@ -8,7 +8,9 @@ inter-arrival times with shape ``--burstiness``: 1 is Poisson, as in vLLM;
 Per request the client asks for ``stream_options.include_usage`` and
 ``continuous_usage_stats``: with usage on every chunk, the tokens a chunk
 carries are the growth of ``completion_tokens``; a server that ignores
-``continuous_usage_stats`` gets one token counted per content chunk. Output
+``continuous_usage_stats`` gets one token counted per content chunk (a usage
+that first comes on the finish chunk, as llama-server sends it, is the total,
+not that chunk's tokens). Output
 tokens are the final usage's ``completion_tokens``, else the ``--tokenizer``
 count of the text, else the content-chunk count. Prompt tokens are usage's
 ``prompt_tokens``, else the dataset's count.
@@ -36,23 +38,20 @@ from fd_core.benchmarks.metrics import (
     parse_goodput,
 )
 
-__all__ = ["add_serve_args", "run_serve", "send_request", "run_requests"]
+__all__ = ["add_serve_args", "add_traffic_args", "arrival_times", "auth_headers", "drive_server", "first_model",
+           "http_client", "request_body", "request_details", "run_requests", "run_serve", "send_request",
+           "validate_traffic_args"]
 
 CHAT = "/v1/chat/completions"
 
 
-def add_serve_args(p: argparse.ArgumentParser) -> None:
+def add_traffic_args(p: argparse.ArgumentParser) -> None:
+    """Arrival process, request options and reporting: shared by ``serve`` and ``compare``."""
     a = p.add_argument
-    a("--base-url", help="server root, e.g. http://127.0.0.1:8000 (default: from --host/--port)")
-    a("--host", default="127.0.0.1")
-    a("--port", type=int, default=8000)
-    a("--endpoint", default="/v1/completions", help=f"/v1/completions or {CHAT}")
-    a("--model", help="the 'model' field (default: the first of GET /v1/models)")
     a("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY)")
     a("--request-rate", type=float, default=math.inf, help="requests/s; inf sends all at once")
     a("--burstiness", type=float, default=1.0, help="gamma shape of inter-arrival times; 1 = Poisson")
     a("--max-concurrency", type=int, default=None, help="most requests in flight")
-    a("--ignore-eos", action="store_true", help="send ignore_eos so every request runs to max_tokens")
     a("--temperature", type=float, default=0.0)
     a("--extra-body", type=json.loads, default=None, help="JSON object merged into every request")
     a("--no-continuous-usage", action="store_true",
@@ -64,6 +63,17 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     a("--goodput", nargs="+", default=None, metavar="NAME:MS",
       help="SLOs for goodput: ttft:MS tpot:MS e2el:MS")
     a("--disable-tqdm", action="store_true")
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument
+    a("--base-url", help="server root, e.g. http://127.0.0.1:8000 (default: from --host/--port)")
+    a("--host", default="127.0.0.1")
+    a("--port", type=int, default=8000)
+    a("--endpoint", default="/v1/completions", help=f"/v1/completions or {CHAT}")
+    a("--model", help="the 'model' field (default: the first of GET /v1/models)")
+    a("--ignore-eos", action="store_true", help="send ignore_eos so every request runs to max_tokens")
+    add_traffic_args(p)
     add_dataset_args(p)
 
 
@@ -109,7 +119,10 @@ async def send_request(client: Any, url: str, payload: dict[str, Any], headers: 
                 if usage.get("prompt_tokens") is not None:
                     rec.prompt_len = int(usage["prompt_tokens"])
                 if usage.get("completion_tokens") is not None:
-                    new_tokens = int(usage["completion_tokens"]) - (completion_tokens or 0)
+                    # usage first seen after content (llama-server: on the finish chunk, with
+                    # choices) is the total, not this chunk's tokens
+                    if completion_tokens is not None or not parts:
+                        new_tokens = int(usage["completion_tokens"]) - (completion_tokens or 0)
                     completion_tokens = int(usage["completion_tokens"])
                 text = _chunk_text(chunk, chat)
                 if text is None or not (text or new_tokens):
@@ -139,15 +152,38 @@ async def send_request(client: Any, url: str, payload: dict[str, Any], headers: 
     return rec
 
 
+def arrival_times(num: int, request_rate: float = math.inf, burstiness: float = 1.0,
+                  seed: int = 0) -> list[float]:
+    """Seconds after the start at which each of ``num`` requests goes out; the first at 0.
+
+    Gamma inter-arrival gaps of shape ``burstiness`` and mean ``1 / request_rate``
+    (Poisson for shape 1); all at 0 for an infinite rate. Seeded, so two runs
+    with the same seed send on the same schedule.
+    """
+    if not math.isfinite(request_rate) or num < 2:
+        return [0.0] * num
+    rng = np.random.default_rng(seed + 1)  # arrivals: independent of the prompts' draws
+    gaps = rng.gamma(burstiness, 1.0 / (request_rate * burstiness), size=num - 1)
+    return [0.0, *np.cumsum(gaps).tolist()]
+
+
 async def run_requests(requests: list[SampleRequest],
                        send: Callable[[SampleRequest], Awaitable[RequestRecord]],
                        request_rate: float = math.inf, burstiness: float = 1.0,
                        max_concurrency: int | None = None, seed: int = 0,
-                       disable_tqdm: bool = True) -> tuple[list[RequestRecord], float]:
-    """Send ``requests`` at the given arrival process; returns (records, duration s)."""
+                       disable_tqdm: bool = True,
+                       arrivals: list[float] | None = None) -> tuple[list[RequestRecord], float]:
+    """Send ``requests`` at the given arrival process; returns (records, duration s).
+
+    ``arrivals`` (seconds after the start, one per request) replaces the
+    schedule that ``arrival_times`` would draw from the rate, burstiness and seed.
+    """
     from tqdm import tqdm
 
-    rng = np.random.default_rng(seed + 1)  # arrivals: independent of the prompts' draws
+    if arrivals is None:
+        arrivals = arrival_times(len(requests), request_rate, burstiness, seed)
+    if len(arrivals) != len(requests):
+        raise ValueError(f"{len(arrivals)} arrival times for {len(requests)} requests")
     semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     bar = tqdm(total=len(requests), disable=disable_tqdm, dynamic_ncols=True)
     t0 = time.perf_counter()
@@ -163,17 +199,17 @@ async def run_requests(requests: list[SampleRequest],
         return rec
 
     tasks = []
-    for i, req in enumerate(requests):
+    for req, at in zip(requests, arrivals):
+        # sleep to the absolute offset: the schedule does not drift with the loop's own cost
+        await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
         tasks.append(asyncio.create_task(one(req)))
-        if math.isfinite(request_rate) and i + 1 < len(requests):
-            await asyncio.sleep(rng.gamma(burstiness, 1.0 / (request_rate * burstiness)))
     records = list(await asyncio.gather(*tasks))
     duration = time.perf_counter() - t0
     bar.close()
     return records, duration
 
 
-def _validate(args: argparse.Namespace) -> None:
+def validate_traffic_args(args: argparse.Namespace) -> None:
     if not args.request_rate > 0:
         raise ValueError(f"--request-rate must be > 0 (inf for all at once), got {args.request_rate}")
     if not args.burstiness > 0:
@@ -186,15 +222,18 @@ def _validate(args: argparse.Namespace) -> None:
         raise ValueError(f"--extra-body must be a JSON object, got {args.extra_body!r}")
 
 
-def _payload(args: argparse.Namespace, model: str, req: SampleRequest) -> dict[str, Any]:
+def request_body(args: argparse.Namespace, model: str, req: SampleRequest,
+                 endpoint: str | None = None) -> dict[str, Any]:
+    """The streaming request for ``req`` under the traffic flags (``endpoint``: default ``args``')."""
+    endpoint = endpoint or args.endpoint
     body: dict[str, Any] = {"model": model, "max_tokens": req.output_len, "stream": True,
                             "temperature": args.temperature,
                             "stream_options": {"include_usage": True}}
     if not args.no_continuous_usage:
         body["stream_options"]["continuous_usage_stats"] = True
-    if args.ignore_eos:
+    if getattr(args, "ignore_eos", False):
         body["ignore_eos"] = True
-    if args.endpoint.rstrip("/").endswith(CHAT):
+    if endpoint.rstrip("/").endswith(CHAT):
         body["messages"] = [{"role": "user", "content": req.prompt}]
     else:
         body["prompt"] = req.prompt
@@ -202,7 +241,7 @@ def _payload(args: argparse.Namespace, model: str, req: SampleRequest) -> dict[s
     return body
 
 
-async def _first_model(client: Any, base_url: str, headers: dict[str, str]) -> str:
+async def first_model(client: Any, base_url: str, headers: dict[str, str]) -> str:
     try:
         resp = await client.get(f"{base_url}/v1/models", headers=headers)
     except Exception as exc:
@@ -217,21 +256,35 @@ async def _first_model(client: Any, base_url: str, headers: dict[str, str]) -> s
     return str(data[0]["id"])
 
 
-async def _bench(args: argparse.Namespace, requests: list[SampleRequest], tokenizer: Any,
-                 base_url: str) -> tuple[str, list[RequestRecord], float]:
+def auth_headers(args: argparse.Namespace) -> dict[str, str]:
+    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def http_client(timeout: float) -> Any:
+    """An httpx.AsyncClient without a connection cap or proxies (a benchmark talks to the server)."""
     import httpx
 
-    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    url = base_url + args.endpoint
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    # trust_env=False: a benchmark talks to the server directly, never through a proxy
-    async with httpx.AsyncClient(timeout=httpx.Timeout(args.request_timeout), limits=limits,
-                                 trust_env=False) as client:
-        model = args.model or await _first_model(client, base_url, headers)
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits, trust_env=False)
+
+
+async def drive_server(args: argparse.Namespace, requests: list[SampleRequest], base_url: str,
+                       tokenizer: Any = None, model: str | None = None, endpoint: str | None = None,
+                       body: Callable[[str, SampleRequest], dict[str, Any]] | None = None,
+                       arrivals: list[float] | None = None) -> tuple[str, list[RequestRecord], float]:
+    """Warm-ups, then ``requests`` at the traffic flags' arrival process; (model, records, s).
+
+    ``body(model, req)`` builds each request (default: ``request_body`` of the flags).
+    """
+    headers = auth_headers(args)
+    url = base_url + (endpoint or args.endpoint)
+    async with http_client(args.request_timeout) as client:
+        model = model or args.model or await first_model(client, base_url, headers)
+        make = body or (lambda m, r: request_body(args, m, r, endpoint))
 
         async def send(req: SampleRequest) -> RequestRecord:
-            return await send_request(client, url, _payload(args, model, req), headers, req, tokenizer)
+            return await send_request(client, url, make(model, req), headers, req, tokenizer)
 
         for req in requests[: args.num_warmups]:
             warm = await send(req)
@@ -240,13 +293,31 @@ async def _bench(args: argparse.Namespace, requests: list[SampleRequest], tokeni
                                       "check --endpoint, --model and --api-key")
         records, duration = await run_requests(
             requests, send, args.request_rate, args.burstiness, args.max_concurrency, args.seed,
-            args.disable_tqdm)
+            args.disable_tqdm, arrivals)
     return model, records, duration
+
+
+def request_details(requests: list[SampleRequest], records: list[RequestRecord]) -> dict[str, list]:
+    """Per-request columns of a result JSON."""
+    return {
+        "success": [r.success for r in records],
+        "input_lens": [r.prompt_len for r in records],
+        "max_tokens": [req.output_len for req in requests],
+        "output_lens": [r.output_len for r in records],
+        "ttfts": [r.ttft for r in records],
+        "tpots": [r.tpot for r in records],
+        "itls": [r.itl for r in records],
+        "chunk_tokens": [r.chunk_tokens for r in records],
+        "e2els": [r.latency for r in records],
+        "start_times": [r.start_time for r in records],
+        "generated_texts": [r.generated_text for r in records],
+        "errors": [r.error for r in records],
+    }
 
 
 def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark the parsed flags describe; prints the table, returns the result."""
-    _validate(args)
+    validate_traffic_args(args)
     percentiles = [float(p) for p in str(args.percentiles).split(",") if p.strip()]
     goodput = parse_goodput(args.goodput)
     tokenizer = None
@@ -264,7 +335,7 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     print(f"Traffic request rate: {args.request_rate}, burstiness {args.burstiness}, "
           f"max concurrency {args.max_concurrency}")
-    model, records, duration = asyncio.run(_bench(args, requests, tokenizer, base_url))
+    model, records, duration = asyncio.run(drive_server(args, requests, base_url, tokenizer))
     metrics = compute_metrics(records, duration, percentiles, goodput)
     print(format_serving_table(metrics))
     errors = sorted({r.error for r in records if not r.success})
@@ -278,18 +349,5 @@ def run_serve(args: argparse.Namespace) -> dict[str, Any]:
         "model_id": model,
         "config": config,
         "summary": metrics.to_dict(),
-        "requests": {
-            "success": [r.success for r in records],
-            "input_lens": [r.prompt_len for r in records],
-            "max_tokens": [req.output_len for req in requests],
-            "output_lens": [r.output_len for r in records],
-            "ttfts": [r.ttft for r in records],
-            "tpots": [r.tpot for r in records],
-            "itls": [r.itl for r in records],
-            "chunk_tokens": [r.chunk_tokens for r in records],
-            "e2els": [r.latency for r in records],
-            "start_times": [r.start_time for r in records],
-            "generated_texts": [r.generated_text for r in records],
-            "errors": [r.error for r in records],
-        },
+        "requests": request_details(requests, records),
     }

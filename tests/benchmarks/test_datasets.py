@@ -120,3 +120,42 @@ def test_sample_requests_is_seeded_and_validates():
         sample_requests(_args("--random-range-ratio", "1.5"))
     with pytest.raises(ValueError, match="--num-prompts"):
         sample_requests(_args("--num-prompts", "0"))
+
+
+def test_prompt_and_output_lengths_come_from_independent_ranges():
+    src = TokenSource(np.random.default_rng(0), vocab_size=500)
+    reqs = random_requests(src, 60, input_len=1, output_len=1, input_range=(5, 9), output_range=(100, 120))
+    assert {len(r.prompt) for r in reqs} == set(range(5, 10))  # both ends reached in 60 draws
+    assert all(100 <= r.output_len <= 120 for r in reqs) and len({r.output_len for r in reqs}) > 5
+    # a range on one side, the ratio on the other
+    mixed = random_requests(src, 40, input_len=20, output_len=1, range_ratio=0.5, output_range=(7, 7))
+    assert all(10 <= len(r.prompt) <= 30 for r in mixed) and {r.output_len for r in mixed} == {7}
+    shared = shared_prefix_requests(src, 20, prefix_len=4, question_len=1, output_len=1,
+                                    question_range=(2, 3), output_range=(8, 9))
+    assert all(6 <= len(r.prompt) <= 7 and 8 <= r.output_len <= 9 for r in shared)
+    with pytest.raises(ValueError, match="--random-input-range"):
+        random_requests(src, 2, 1, 1, input_range=(9, 5))
+
+
+def test_range_flags_parse_and_refuse_what_would_be_ignored():
+    args = _args("--num-prompts", "30", "--random-input-range", "3:5", "--random-output-range", "11")
+    assert (args.random_input_range, args.random_output_range) == ((3, 5), (11, 11))
+    reqs = sample_requests(args)
+    assert all(3 <= r.prompt_len <= 5 and r.output_len == 11 for r in reqs)
+    assert sample_requests(args) == reqs  # seeded
+    assert {r.prompt_len for r in sample_requests(_args("--num-prompts", "2"))} == {1024}  # default
+    with pytest.raises(ValueError, match="exclude each other"):
+        sample_requests(_args("--random-output-len", "4", "--random-output-range", "2:3"))
+    with pytest.raises(ValueError, match="--random-range-ratio"):
+        sample_requests(_args("--random-input-range", "2:3", "--random-output-range", "2:3",
+                              "--random-range-ratio", "0.2"))
+    for bad in ("5:4", "0:2", "-3:2", "x", "2.5:4", "2:"):
+        with pytest.raises(SystemExit):
+            _args("--random-input-range", bad)
+
+
+def test_keep_ids_gives_token_id_prompts_with_a_tokenizer(tokenizer):
+    src = TokenSource(np.random.default_rng(0), tokenizer, keep_ids=True)
+    for r in random_requests(src, 5, input_len=1, output_len=2, input_range=(6, 10)):
+        assert isinstance(r.prompt, list) and r.prompt_len == len(r.prompt)
+        assert set(r.prompt) <= set(src.ids.tolist())

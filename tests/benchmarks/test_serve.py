@@ -103,3 +103,23 @@ def test_warmups_are_sent_but_not_measured(tmp_path, capsys):
     with ServerThread(make_app(fail_every=1)) as server:
         assert main(["serve", "--base-url", server.url, "--num-prompts", "1", "--num-warmups", "1"]) == 2
     assert "warm-up request" in capsys.readouterr().err
+
+
+def test_arrival_times_are_seeded_and_start_at_zero():
+    from fd_core.benchmarks.serve import arrival_times
+
+    a = arrival_times(40, request_rate=4.0, seed=3)
+    assert a == arrival_times(40, request_rate=4.0, seed=3) != arrival_times(40, request_rate=4.0, seed=4)
+    assert a[0] == 0.0 and a == sorted(a) and 3.0 < a[-1] < 25.0  # 39 gaps of mean 0.25 s
+    assert arrival_times(3) == [0.0, 0.0, 0.0]
+    assert arrival_times(1, request_rate=2.0) == [0.0]
+
+
+def test_usage_first_seen_on_the_finish_chunk_is_the_total_not_a_chunk(tmp_path):
+    with ServerThread(make_app(usage_on_finish=True)) as server:  # llama-server's /v1/completions
+        result = _run(tmp_path, server.url, "--num-prompts", "2", "--random-input-len", "4",
+                      "--random-output-len", "5", "--ignore-eos")
+    reqs = result["requests"]
+    assert reqs["output_lens"] == [5, 5] and reqs["input_lens"] == [4, 4]
+    assert reqs["chunk_tokens"] == [[1, 1, 1], [1, 1, 1]]  # chunks of 1, 2, 2 tokens; the finish chunk is none
+    assert [len(itl) for itl in reqs["itls"]] == [2, 2]
