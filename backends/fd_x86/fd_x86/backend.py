@@ -14,7 +14,8 @@ bit-identical to the reference's, attention widening the rows in registers);
 the optional fusions
 ``fd_rope_and_write_kv_cache`` and, for decode steps with packed quantized
 weights, ``fd_decoder_layers`` (``fd_x86.layer``); ``fd_moe_experts`` for
-quantized experts (``fd_x86.moe``). fp32 linears, unquantized experts, routing,
+quantized experts and ``fd_moe_select_experts`` (``fd_x86.moe``: one native op per MoE
+layer's routed experts, and the router's top-k). fp32 linears, unquantized experts,
 sampling, the cache allocation / block copies and any input those ops do not
 take return None here, so fd-core's reference answers.
 
@@ -72,7 +73,7 @@ def _availability() -> Availability:
             "$CXX); install one (e.g. apt-get install g++), or run python -m fd_x86.build where one is"
         )
     return Availability.ok(f"{reference.num_threads()} threads", *choice.summary, state,
-                           "other ops (fp32 linears and experts, MoE routing, sampling): fd-core reference")
+                           "other ops (fp32 linears, unquantized experts, sampling): fd-core reference")
 
 
 @hookimpl
@@ -227,3 +228,12 @@ def fd_moe_experts(x: Tensor, topk_weights: Tensor, topk_ids: Tensor, up_gate_we
     from fd_x86.moe import moe_experts
 
     return _native(moe_experts, x, topk_weights, topk_ids, quant)
+
+
+@hookimpl
+def fd_moe_select_experts(router_logits: Tensor, top_k: int, correction_bias: Tensor | None, renormalize: bool,
+                          norm_min: float) -> tuple[Tensor, Tensor] | None:
+    """The reference's routing in one native op (``fd_x86.moe.select_experts``)."""
+    from fd_x86.moe import select_experts
+
+    return _native(select_experts, router_logits, top_k, correction_bias, renormalize, norm_min)

@@ -1,26 +1,53 @@
-"""Quantized routed experts (``fd_moe_experts``) on the native kernels.
+"""Quantized routed experts (``fd_moe_experts``) and routing
+(``fd_moe_select_experts``) on the native kernels.
 
-The tokens are grouped by expert as in fd-core's reference
-(``fd_core.ops.moe.grouped_experts``); each expert that received tokens runs
-its up_gate and down projections with the wint8 / wint4 / w8a8 kernels on its
-slice of the stacked weight (a view: the contract layout, no repacked copy,
-so the experts' memory is not doubled) and SiLU-and-mul natively. The
-reference would dequantize each expert's weights on every call. Unquantized
-experts return None (paddle's matmuls in the reference are the fast path
-there), as do methods without a kernel and non-fp32 / non-CPU inputs.
+``fd_x86_moe_experts`` (``csrc/x86_moe_op.cc``) runs a whole MoE layer's
+routed experts in one call: the tokens grouped by expert, each selected
+expert's up_gate, SiLU-and-mul, down and the weighted combine, with the
+wint8 / wint4 / w8a8 contract-layout kernels on its slice of the stacked
+weight (read in place: no repacked copy, so the experts' memory is not
+doubled; each selected expert read once per call); wint4 experts whose
+input width and group size are multiples of 128 run a lookup-table kernel
+(``csrc/kernels_moe_avx512.cc``). Before it, a decode step of the mid-size
+MoE spent ~0.3-0.4 ms per MoE layer in Python, gathers and scatters around
+the per-expert kernel calls (``benchmarks/moe_decode.py --profile``); the op
+made the step 1.35-1.55x faster at B = 1 and 8 (1 thread, README).
+``FD_X86_MOE_NATIVE=0`` turns the op off: the per-expert path below
+(fd-core's ``grouped_experts`` over ``fd_x86.linear``) runs instead, as
+before (A/B comparisons). Unquantized experts return None (paddle's matmuls
+in the reference are the fast path there), as do methods without a kernel
+and non-fp32 / non-CPU inputs.
+
+``select_experts`` is fd-core's reference routing
+(``fd_core.ops.moe.reference_moe_select_experts``: softmax, selection by
+``probs + correction_bias``, weights from ``probs``, renormalised with
+``norm_min``) in one op instead of ~8 paddle calls (~0.3 ms per layer at
+batch 1).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from fd_core.backends.cpu import num_threads
 from fd_core.ops.activation import reference_silu_and_mul
 from fd_core.ops.moe import grouped_experts
 from fd_core.quantization.weights import expert_weight
 from fd_x86 import ops as x86_ops
+from fd_x86.build import load_ops
 from fd_x86.linear import METHODS, quantized_linear
 
-__all__ = ["moe_experts"]
+__all__ = ["moe_experts", "native_enabled", "select_experts"]
+
+_METHOD_CODE = {"wint8": 0, "wint4": 1, "w8a8": 2}  # fd_x86_moe_experts' ``method``
+_NO_BIAS: list[Any] = []  # a 1-element fp32 tensor standing in for a missing correction bias
+
+
+def native_enabled() -> bool:
+    """Whether the MoE ops run (``FD_X86_MOE_NATIVE`` unset or not ``0``).
+    Read on each call, so a benchmark can compare both paths in one process."""
+    return os.environ.get("FD_X86_MOE_NATIVE") != "0"
 
 
 def moe_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any) -> Any:
@@ -28,9 +55,11 @@ def moe_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any) -> Any:
     if quant is None:
         return None
     up_q, down_q = quant
-    if up_q.method not in METHODS or down_q.method not in METHODS or len(x.shape) != 2 \
+    if up_q.method not in METHODS or down_q.method != up_q.method or len(x.shape) != 2 \
             or len(up_q.qweight.shape) != 3 or len(down_q.qweight.shape) != 3 or not x86_ops._host(x):
         return None
+    if native_enabled():
+        return _native_experts(x, topk_weights, topk_ids, up_q, down_q)
 
     def up_gate(expert: int, rows: Any) -> Any:
         return quantized_linear(rows, expert_weight(up_q, expert), repack=False)
@@ -43,3 +72,42 @@ def moe_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any) -> Any:
         return out if out is not None else reference_silu_and_mul(h)
 
     return grouped_experts(x, topk_weights, topk_ids, int(up_q.qweight.shape[0]), up_gate, down, act)
+
+
+def _native_experts(x: Any, topk_weights: Any, topk_ids: Any, up_q: Any, down_q: Any) -> Any:
+    paddle = x86_ops._paddle()
+    if topk_ids.dtype != paddle.int64:
+        topk_ids = topk_ids.astype("int64")
+    if topk_weights.dtype != paddle.float32:
+        topk_weights = topk_weights.astype("float32")
+    x, topk_ids, topk_weights = (t if t.is_contiguous() else t.contiguous() for t in (x, topk_ids, topk_weights))
+    return load_ops().fd_x86_moe_experts(
+        x, topk_ids, topk_weights, up_q.qweight, up_q.scales, down_q.qweight, down_q.scales,
+        _METHOD_CODE[up_q.method], _group(up_q), _group(down_q), 0, num_threads(),
+    )
+
+
+def _group(quant: Any) -> int:
+    return quant.group_size if quant.group_size and quant.group_size > 0 else -1
+
+
+def select_experts(router_logits: Any, top_k: int, correction_bias: Any, renormalize: bool,
+                   norm_min: float) -> tuple[Any, Any] | None:
+    """``(topk_weights [T, k] fp32, topk_ids [T, k] int64)`` as the reference
+    routes, or None (off, non-fp32 / non-CPU logits or bias, odd shapes)."""
+    if not native_enabled() or len(router_logits.shape) != 2 or not x86_ops._host(router_logits):
+        return None
+    if not 1 <= top_k <= router_logits.shape[1]:
+        return None  # the reference raises its own error
+    if correction_bias is not None:
+        if not x86_ops._host(correction_bias) or int(correction_bias.numel()) != router_logits.shape[1]:
+            return None
+        bias = correction_bias if correction_bias.is_contiguous() else correction_bias.contiguous()
+    else:
+        if not _NO_BIAS:
+            _NO_BIAS.append(x86_ops._paddle().zeros([1], dtype="float32"))
+        bias = _NO_BIAS[0]
+    logits = router_logits if router_logits.is_contiguous() else router_logits.contiguous()
+    weights, ids = load_ops().fd_x86_moe_select(logits, bias, int(top_k), correction_bias is not None,
+                                                bool(renormalize), float(norm_min))
+    return weights, ids

@@ -4,6 +4,7 @@ routing, and a tiny MoE model end to end against the reference numerics."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +16,9 @@ import fd_x86.moe  # noqa: E402
 
 from fd_core.backends import get_backend  # noqa: E402
 from fd_core.engine.model_runner import ModelRunner  # noqa: E402
+from fd_core.ops.linear import QuantizedWeight  # noqa: E402
 from fd_core.quantization.config import parse_quantization  # noqa: E402
+from fd_core.quantization.weights import quantize_array  # noqa: E402
 from fd_core.testing.checkpoints import generate_checkpoint  # noqa: E402
 from fd_core.testing.greedy import greedy_generate  # noqa: E402
 
@@ -30,16 +33,17 @@ def usable() -> None:
 
 def test_unquantized_experts_are_left_to_the_reference() -> None:
     x = paddle.ones([2, 8])
-    assert backend.fd_moe_experts(x, None, None, None, None, None) is None
+    assert backend.fd_moe_experts(x, x, x, None, None, None) is None
 
 
-@pytest.mark.parametrize("method", ["wint4", "w8a8"])
+@pytest.mark.parametrize("method", ["wint8", "wint4", "w8a8"])
 def test_tiny_moe_model_quantized_matches_the_reference_numerics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
 ) -> None:
     """Greedy decoding of the tiny MoE model with ``method`` (wint4: experts
-    wint4, the rest wint8, FastDeploy's rule): the x86 experts answer every
-    MoE call, and tokens and logprobs follow the reference's numerics."""
+    wint4, the rest wint8, FastDeploy's rule): the x86 routing and experts
+    (the native ops) answer every MoE call, and tokens and logprobs follow
+    the reference's numerics."""
     answered = []
     real = fd_x86.moe.moe_experts
 
@@ -49,6 +53,15 @@ def test_tiny_moe_model_quantized_matches_the_reference_numerics(
         return out
 
     monkeypatch.setattr(fd_x86.moe, "moe_experts", counted)
+    routed = []
+    real_select = fd_x86.moe.select_experts
+
+    def counted_select(*args):  # type: ignore[no-untyped-def]
+        out = real_select(*args)
+        routed.append(out is not None)
+        return out
+
+    monkeypatch.setattr(fd_x86.moe, "select_experts", counted_select)
     model = generate_checkpoint(tmp_path / "moe", "tiny-moe", naming="paddle", seed=7, dtype="float32")
     rng = np.random.default_rng(5)
     prompts = [[int(t) for t in rng.integers(100, 1000, n)] for n in (4, 21)]
@@ -60,7 +73,147 @@ def test_tiny_moe_model_quantized_matches_the_reference_numerics(
 
     want_tokens, want_logprobs = run("cpu")
     got_tokens, got_logprobs = run("x86")
-    assert answered and all(answered)
+    assert answered and all(answered) and routed and all(routed)
     assert got_tokens == want_tokens
     worst = max(abs(g - w) for gs, ws in zip(got_logprobs, want_logprobs) for g, w in zip(gs, ws))
     assert worst < 1e-3, worst
+
+
+# ---------------------------------------------------------------- the native ops
+
+# experts, hidden, expert width: wint4 groups of 128 take the lookup-table kernel (2 groups on
+# up_gate, 1 on down); groups of 64 the contract-layout kernel
+E, D, INTER = 8, 256, 128
+
+
+def _stacked(method: str, rng: np.random.Generator, group: int = 128) -> tuple[QuantizedWeight, QuantizedWeight]:
+    """(up_gate, down) QuantizedWeights stacked over E experts, as the loader makes them."""
+
+    def stack(d_in: int, d_out: int) -> QuantizedWeight:
+        parts = [quantize_array(method, rng.standard_normal((d_in, d_out)).astype(np.float32) * 0.05, group)
+                 for _ in range(E)]
+        return QuantizedWeight(method, paddle.to_tensor(np.stack([p[0] for p in parts])),
+                               paddle.to_tensor(np.stack([p[1] for p in parts])), d_in, d_out, parts[0][2])
+
+    return stack(D, 2 * INTER), stack(INTER, D)
+
+
+def _routing(rng: np.random.Generator, tokens: int, top_k: int) -> tuple[Any, Any]:
+    ids = np.stack([rng.permutation(E)[:top_k] for _ in range(tokens)]).astype(np.int64)
+    weights = rng.random((tokens, top_k)).astype(np.float32)
+    return paddle.to_tensor(weights), paddle.to_tensor(ids)
+
+
+def _check_experts(method: str, x: Any, weights: Any, ids: Any, quant: tuple[QuantizedWeight, QuantizedWeight],
+                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from fd_core.quantization.reference import quantized_moe_experts
+
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    want = quantized_moe_experts(x, weights, ids, quant).numpy()
+    got = fd_x86.moe.moe_experts(x, weights, ids, quant).numpy()
+    # w8a8: the down input is quantized per token, so an ulp in silu may move one int8 step
+    atol = (2e-3 if method == "w8a8" else 1e-5) * float(np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol)
+
+
+@pytest.mark.parametrize("method", ["wint8", "wint4", "w8a8"])
+@pytest.mark.parametrize("tokens", [1, 3, 8, 33])
+@pytest.mark.parametrize("top_k", [1, 2, 4, 8])
+def test_native_experts_match_the_reference(method: str, tokens: int, top_k: int,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """One op call equals the reference's grouped experts, experts with no
+    tokens (at T = 1 most of them) included."""
+    rng = np.random.default_rng(tokens * 10 + top_k)
+    quant = _stacked(method, rng)
+    x = paddle.to_tensor(rng.standard_normal((tokens, D)).astype(np.float32))
+    weights, ids = _routing(rng, tokens, top_k)
+    _check_experts(method, x, weights, ids, quant, monkeypatch)
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 33])
+def test_native_wint4_with_groups_the_table_kernel_does_not_take(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups of 64 (not a multiple of the 128-input block): the contract-layout kernel, same results."""
+    rng = np.random.default_rng(tokens)
+    quant = _stacked("wint4", rng, 64)
+    x = paddle.to_tensor(rng.standard_normal((tokens, D)).astype(np.float32))
+    weights, ids = _routing(rng, tokens, 4)
+    _check_experts("wint4", x, weights, ids, quant, monkeypatch)
+
+
+@pytest.mark.parametrize("method, group", [("wint8", 128), ("wint4", 128), ("wint4", 64), ("wint4", -1),
+                                           ("w8a8", 128)])
+def test_native_experts_all_tokens_to_one_expert(method: str, group: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(1)
+    quant = _stacked(method, rng, group)
+    x = paddle.to_tensor(rng.standard_normal((33, D)).astype(np.float32))
+    ids = paddle.full([33, 1], 5, dtype="int64")
+    weights = paddle.to_tensor(rng.random((33, 1)).astype(np.float32))
+    _check_experts(method, x, weights, ids, quant, monkeypatch)
+
+
+def test_native_experts_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FD_X86_MOE_NATIVE=0: the per-expert path answers (same numbers), the op is not called."""
+    rng = np.random.default_rng(2)
+    quant = _stacked("wint8", rng)
+    x = paddle.to_tensor(rng.standard_normal((3, D)).astype(np.float32))
+    weights, ids = _routing(rng, 3, 2)
+    native = fd_x86.moe.moe_experts(x, weights, ids, quant).numpy()
+    monkeypatch.setenv("FD_X86_MOE_NATIVE", "0")
+    monkeypatch.setattr(fd_x86.moe, "_native_experts", None)  # called: TypeError
+    np.testing.assert_allclose(fd_x86.moe.moe_experts(x, weights, ids, quant).numpy(), native,
+                               rtol=1e-5, atol=1e-6)
+    assert backend.fd_moe_select_experts(paddle.ones([2, E]), 2, None, True, 1e-12) is None
+
+
+def test_native_experts_refuse_bad_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    rng = np.random.default_rng(3)
+    quant = _stacked("wint8", rng)
+    x = paddle.to_tensor(rng.standard_normal((2, D)).astype(np.float32))
+    ids = paddle.to_tensor(np.array([[0], [E]], dtype=np.int64))
+    with pytest.raises(Exception, match="outside"):
+        fd_x86.moe.moe_experts(x, paddle.ones([2, 1]), ids, quant)
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 33])
+@pytest.mark.parametrize("top_k", [1, 2, 4, 8])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("renormalize, norm_min", [(True, 1e-12), (True, 2.0), (False, 1e-12)])
+def test_native_routing_matches_the_reference(tokens: int, top_k: int, bias: bool, renormalize: bool,
+                                              norm_min: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Selection by probs + correction bias, weights from probs, renormalised
+    with norm_min (2.0 > any sum: the clip decides): the reference's ids and weights."""
+    from fd_core.ops.moe import reference_moe_select_experts
+
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    rng = np.random.default_rng(tokens + top_k)
+    logits = paddle.to_tensor(rng.standard_normal((tokens, E)).astype(np.float32) * 2)
+    correction = paddle.to_tensor(rng.standard_normal(E).astype(np.float32) * 0.1) if bias else None
+    want_w, want_ids = reference_moe_select_experts(logits, top_k, correction, renormalize, norm_min)
+    got = backend.fd_moe_select_experts(logits, top_k, correction, renormalize, norm_min)
+    assert got is not None
+    got_w, got_ids = got
+    assert str(got_ids.dtype) == "paddle.int64" and got_ids.shape == [tokens, top_k]
+    np.testing.assert_array_equal(got_ids.numpy(), want_ids.numpy())
+    np.testing.assert_allclose(got_w.numpy(), want_w.numpy(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("method", ["wint8", "wint4", "w8a8"])
+def test_native_experts_avx2_kernels_match_the_reference(method: str) -> None:
+    """The op's AVX2 kernels (isa=1: CPUs without AVX-512), on two threads."""
+    from fd_x86.cpu import cpu_features
+
+    from fd_core.quantization.reference import quantized_moe_experts
+
+    if not cpu_features().has("avx2", "fma"):
+        pytest.skip("this CPU has no AVX2")
+    rng = np.random.default_rng(4)
+    up, down = _stacked(method, rng)
+    x = paddle.to_tensor(rng.standard_normal((5, D)).astype(np.float32))
+    weights, ids = _routing(rng, 5, 2)
+    want = quantized_moe_experts(x, weights, ids, (up, down)).numpy()
+    got = build.load_ops().fd_x86_moe_experts(
+        x, ids, weights, up.qweight, up.scales, down.qweight, down.scales, {"wint8": 0, "wint4": 1, "w8a8": 2}[method],
+        up.group_size, down.group_size, 1, 2).numpy()
+    atol = (2e-3 if method == "w8a8" else 1e-5) * float(np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol)

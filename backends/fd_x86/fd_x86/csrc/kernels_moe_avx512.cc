@@ -1,0 +1,86 @@
+// AVX-512 kernels for the routed experts (moe_kernels.h). Compiled for that
+// ISA by the pragma below and only called after __builtin_cpu_supports says so.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+
+#include "moe_kernels.h"
+#include "tiling.h"
+
+namespace {
+
+using fdx86::LinearArgs;
+using fdx86::kWint4LutBlock;
+
+// See moe_kernels.h. Tiles of MB rows x NB channels; registers at 4 x 4:
+// 16 accumulators, 4 tables, 4 code vectors, 4 x vectors, 1 temporary.
+struct Wint4Lut {
+  static constexpr int kMaxRows = 4;
+
+  template <int MB, int NB>
+  static inline void tile(const LinearArgs& a, int64_t m, int64_t n) {
+    const int64_t K = a.K, Kh = K / 2, blocks_per_group = a.group_size / kWint4LutBlock;
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * Kh;
+    const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+    __m512 acc[MB][NB];
+#pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+    const int64_t nblocks = K / kWint4LutBlock;
+    __m512 lut[NB];
+    for (int64_t b = 0; b < nblocks; ++b) {
+      if (b % blocks_per_group == 0) {
+        const int64_t g = b / blocks_per_group;
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) lut[j] = _mm512_mul_ps(values, _mm512_set1_ps(a.scales[(n + j) * a.groups + g]));
+      }
+      __m512i v[NB];
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        const uint8_t* p = w + j * Kh + b * 64;
+        _mm_prefetch(reinterpret_cast<const char*>(p + 512), _MM_HINT_T0);
+        v[j] = _mm512_loadu_si512(p);
+      }
+      const float* xb = a.xe + m * K + b * kWint4LutBlock;
+#pragma GCC unroll 8
+      for (int t = 0; t < 8; ++t) {
+        __m512 xv[MB];
+#pragma GCC unroll 4
+        for (int i = 0; i < MB; ++i) xv[i] = _mm512_loadu_ps(xb + i * K + t * 16);
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          const __m512 f = _mm512_permutexvar_ps(v[j], lut[j]);  // low 4 bits of each lane index
+          if (t < 7) v[j] = _mm512_srli_epi32(v[j], 4);
+#pragma GCC unroll 4
+          for (int i = 0; i < MB; ++i) acc[i][j] = _mm512_fmadd_ps(xv[i], f, acc[i][j]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) a.out[(m + i) * a.N + n + j] = _mm512_reduce_add_ps(acc[i][j]);
+  }
+};
+
+}  // namespace
+
+namespace fdx86 {
+
+void wint4_lut_permute(const float* x, int64_t M, int64_t K, float* xp) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < K; b += kWint4LutBlock) {
+      const float* src = x + m * K + b;
+      float* dst = xp + m * K + b;
+      for (int t = 0; t < 8; ++t)
+        for (int l = 0; l < 16; ++l) dst[16 * t + l] = src[8 * l + t];
+    }
+  }
+}
+
+void wint4_lut_avx512(const LinearArgs& a) { drive<Wint4Lut>(a); }
+
+}  // namespace fdx86

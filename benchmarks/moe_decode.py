@@ -1,0 +1,168 @@
+"""Decode steps of a mid-size MoE on fd_x86: the native MoE op against the
+per-expert path, in one run, with a profile of where a step goes.
+
+The model is ``tiny-moe`` with overrides (``MID_MOE``): hidden 1024, 4
+layers (1 dense + 3 MoE), 16 experts top-4, expert width 768, 1 shared
+expert, 16 heads x 64 (2 KV heads); generated once under ``checkpoints/``.
+For each ``--quantization`` (wint8 / wint4: experts int4, the rest int8)
+it builds one runner, prefills B prompts, then alternates timed runs of
+decode steps with ``FD_X86_MOE_NATIVE=0`` (the per-expert path:
+``fd_core.ops.moe.grouped_experts`` over the contract-layout linears) and
+``=1`` (``fd_x86_moe_experts``: one op per MoE layer). Each number is the
+median (and the fastest) of ``--repeats`` runs of ``--steps`` steps;
+the two paths' runs alternate, so load from other processes falls on both.
+
+``--profile`` times, per step, every backend op call (router linear,
+routing, experts, shared-expert and attention linears, norms, attention)
+and, inside the per-expert path, the expert kernels apart from the Python,
+gathers and scatters around them.
+
+    python benchmarks/moe_decode.py                       # wint8 wint4, B = 1 8
+    python benchmarks/moe_decode.py --quantization wint4 --batch 1 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from decode_step import BLOCK_SIZE, Batch  # noqa: E402
+
+from fd_core.backends.registry import get_backend  # noqa: E402
+from fd_core.engine.model_runner import ModelRunner  # noqa: E402
+from fd_core.quantization import parse_quantization  # noqa: E402
+from fd_core.testing.checkpoints import generate_checkpoint  # noqa: E402
+
+MID_MOE: dict[str, Any] = {
+    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 4, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 64, "moe_num_experts": 16, "moe_k": 4, "moe_intermediate_size": 768,
+    "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "moe_layer_end_index": 3, "moe_layer_interval": 1,
+    "moe_capacity": [16, 16, 16],
+}
+CHECKPOINT = ROOT / "checkpoints" / "ernie-mid-moe-paddle"
+
+
+def checkpoint() -> Path:
+    if not (CHECKPOINT / "config.json").is_file():
+        print(f"generating {CHECKPOINT} (once)", flush=True)
+        generate_checkpoint(CHECKPOINT, "tiny-moe", naming="paddle", seed=3, **MID_MOE)
+    return CHECKPOINT
+
+
+class Profile:
+    """Timers around the runner's ops (and the per-expert kernels inside
+    ``fd_x86.moe``'s reference-grouped path): ms per step by family."""
+
+    def __init__(self, ops: Any, hidden: int, experts: int) -> None:
+        self.ops, self.hidden, self.experts = ops, hidden, experts
+        self.totals: dict[str, float] = defaultdict(float)
+        self._saved: dict[str, Any] = {}
+
+    def _wrap(self, name: str, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            family = name
+            if name == "linear":
+                weight = args[1] if len(args) > 1 else kwargs.get("weight")
+                quant = args[3] if len(args) > 3 else kwargs.get("quant")
+                n = weight.shape[-1] if weight is not None else getattr(quant, "out_features", 0)
+                family = "router linear" if n == self.experts else "linears (attn, dense, shared, head)"
+            self.totals[family] += time.perf_counter() - start
+            return out
+        return timed
+
+    def __enter__(self) -> Profile:
+        import fd_x86.moe as xmoe
+
+        names = ["linear", "moe_select_experts", "moe_experts", "rms_norm", "silu_and_mul", "decode_attention",
+                 "rope_and_write_kv_cache", "write_kv_cache", "rotary_embedding", "decoder_layers"]
+        for name in names:
+            self._saved[name] = getattr(self.ops, name)
+            setattr(self.ops, name, self._wrap(name, self._saved[name]))
+        self._kernel = xmoe.quantized_linear
+        totals = self.totals
+
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            out = self._kernel(*args, **kwargs)
+            totals["  of which expert kernels"] += time.perf_counter() - start
+            return out
+        xmoe.quantized_linear = kernel
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import fd_x86.moe as xmoe
+
+        for name in self._saved:
+            delattr(self.ops, name)
+        xmoe.quantized_linear = self._kernel
+
+
+def run(args: argparse.Namespace) -> None:
+    backend = get_backend("x86")
+    max_len = args.prompt_len + args.steps + 2
+    blocks = -(-max_len // BLOCK_SIZE)
+    for method in args.quantization:
+        quantization = parse_quantization(method, "Ernie4_5_MoeForCausalLM")
+        runner = ModelRunner(checkpoint(), backend, num_blocks=1 + blocks * sum(args.batch), block_size=BLOCK_SIZE,
+                             max_model_len=1024, quantization=quantization)
+        runner.warmup()
+        first = 1
+        for batch in args.batch:
+            b = Batch(runner, batch, args.prompt_len, max_len, first, __import__("numpy").random.default_rng(0))
+            first += batch * blocks
+            b.prefill()
+            times: dict[str, list[float]] = {"0": [], "1": []}
+            for mode in ("0", "1"):  # warm both paths
+                os.environ["FD_X86_MOE_NATIVE"] = mode
+                b.time_decode(2)
+            for _ in range(args.repeats):
+                for mode in ("0", "1"):
+                    os.environ["FD_X86_MOE_NATIVE"] = mode
+                    times[mode].append(b.time_decode(args.steps))
+            old, new = statistics.median(times["0"]), statistics.median(times["1"])
+            best_old, best_new = min(times["0"]), min(times["1"])
+            print(f"{method:6s} B={batch:<3d} per-expert path {old:7.2f} ms/step ({batch * 1e3 / old:6.1f} tok/s)  "
+                  f"native op {new:7.2f} ms/step ({batch * 1e3 / new:6.1f} tok/s)  {old / new:.2f}x   "
+                  f"(fastest runs: {best_old:.2f} / {best_new:.2f} ms, {best_old / best_new:.2f}x)", flush=True)
+            if args.profile:
+                for mode in ("0", "1"):
+                    os.environ["FD_X86_MOE_NATIVE"] = mode
+                    with Profile(runner.ops, runner.config.hidden_size, runner.config.num_experts) as prof:
+                        total = b.time_decode(args.steps)
+                    label = "per-expert path" if mode == "0" else "native op"
+                    print(f"  profile, {label}: {total:.2f} ms/step")
+                    top = sorted((kv for kv in prof.totals.items() if not kv[0].startswith(" ")), key=lambda kv: -kv[1])
+                    for name, secs in top:
+                        print(f"    {name:38s} {secs / args.steps * 1e3:7.3f} ms")
+                        sub = prof.totals.get("  of which expert kernels") if name == "moe_experts" else None
+                        if sub is not None:
+                            print(f"    {'  of which expert kernels':38s} {sub / args.steps * 1e3:7.3f} ms")
+                    rest = total - sum(v for k, v in prof.totals.items() if not k.startswith(" ")) / args.steps * 1e3
+                    print(f"    {'rest (model Python, embed, sampling-free)':38s} {rest:7.3f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quantization", nargs="+", default=["wint8", "wint4"])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile", action="store_true")
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
