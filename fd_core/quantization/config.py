@@ -15,7 +15,12 @@ The LM head stays float by default, as in FastDeploy: on random-weight test
 models an int8 head doubles the logprob error of the 0.3B shape. Quantizing
 it (``"lm_head_quant_type": "wint8"``, per output channel) is opt-in: on a
 small model the head is a third of the weights and of the decode step's
-memory traffic (the 0.3B: 103424 x 1024). With tied embeddings the lookup
+memory traffic (the 0.3B: 103424 x 1024). ``"lm_head_quant_type": "wint4"``
+gives an int4 head (the group size of the rest): with int4 dense layers
+(mix_quant) a float head would otherwise be most of a batch-1 step's bytes
+(0.3B under ``--dtype auto``: 212 MB of bf16 head against 135 MB of int4
+layers), which is why mix_quant int4 decoded no faster than wint8 there
+(``benchmarks/decode_bandwidth.py``). With tied embeddings the lookup
 table stays float and a quantized head gets its own copy. ``lm_head_fp32``
 (the engine's ``--lm_head-fp32``) forces the float head and refuses an
 explicit ``lm_head_quant_type`` method beside it.

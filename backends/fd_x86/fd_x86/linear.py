@@ -32,7 +32,7 @@ from fd_core.ops.content_key import tensor_key
 from fd_x86.build import load_ops
 from fd_x86.memory import host_tensor
 
-__all__ = ["ISAS", "METHODS", "pack_weight", "quantized_linear"]
+__all__ = ["ISAS", "METHODS", "pack_weight", "quantized_linear", "wint4_words"]
 
 METHODS = ("wint8", "wint4", "w8a8")
 ISAS = {"auto": 0, "avx2": 1, "avx512": 2}  # the op's ``isa`` attribute
@@ -44,13 +44,27 @@ _PACKED_METHOD = {"wint8": 0, "wint4": 1, "w8a8": 2}  # fd_x86_packed_linear's `
 WINT8_PACKED_MAX_ROWS = 7
 
 
-def pack_weight(method: str, qweight: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def wint4_words(k: int, group_size: int) -> bool:
+    """Whether packed wint4 takes the word layout (8 codes per uint32 lane;
+    ``csrc/kernels_avx512.cc`` ``Wint4Words``) for ``k`` inputs and
+    ``group_size`` (-1: per channel): K and the group both multiples of 8.
+    The kernel decides by the same rule."""
+    group = k if group_size <= 0 else group_size
+    return k % 8 == 0 and group % 8 == 0
+
+
+def pack_weight(method: str, qweight: np.ndarray, scales: np.ndarray,
+                group_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The contract layout -> the packed kernels' (blocks of 16 output
     channels, padded with zero weights / scales):
     wint8 int8 ``[N32, K, 32]`` (a kernel work item's two blocks side by
     side, one stream to read); w8a8 uint8 ``[N16, K4, 16, 4]`` holding
-    ``w ^ 0x80`` (K padded to 4); wint4 uint8 ``[N16, K/2, 16]`` (the
-    contract's bytes) and scales ``[N16, G, 16]``. Returns (weight, scales)."""
+    ``w ^ 0x80`` (K padded to 4); wint4 scales ``[N16, G, 16]`` and, where
+    ``wint4_words`` (the usual case), uint8 ``[N16, K/8, 64]``: per block
+    and 8 inputs, 16 little-endian uint32 words, one per channel, each the
+    contract's 4 bytes of those inputs; else uint8 ``[N16, K/2, 16]`` (the
+    contract's bytes). ``group_size``: wint4's (-1 per channel; None: K / G).
+    Returns (weight, scales)."""
     n = qweight.shape[0]
     nb = -(-n // 16)
     if method == "wint4":
@@ -59,8 +73,12 @@ def pack_weight(method: str, qweight: np.ndarray, scales: np.ndarray) -> tuple[n
         w[:n] = qweight.view(np.uint8)
         s = np.zeros((nb * 16, groups), np.float32)
         s[:n] = scales.reshape(n, groups)
-        return (np.ascontiguousarray(w.reshape(nb, 16, kh).transpose(0, 2, 1)),
-                np.ascontiguousarray(s.reshape(nb, 16, groups).transpose(0, 2, 1)))
+        packed_s = np.ascontiguousarray(s.reshape(nb, 16, groups).transpose(0, 2, 1))
+        group = group_size if group_size is not None else (2 * kh) // groups
+        if wint4_words(2 * kh, group):
+            words = w.view("<u4").reshape(nb, 16, kh // 4).transpose(0, 2, 1)  # [N16, K/8, 16]
+            return np.ascontiguousarray(words).view(np.uint8), packed_s
+        return np.ascontiguousarray(w.reshape(nb, 16, kh).transpose(0, 2, 1)), packed_s
     k = qweight.shape[1]
     if method == "wint8":
         pairs = -(-n // 32)
@@ -103,7 +121,8 @@ def _packed(quant: Any) -> tuple[Any, Any] | None:
     entry = cache.get("x86")
     if entry is not None and entry[0] == key:
         return entry[2], entry[3]
-    w, s = pack_weight(quant.method, quant.qweight.numpy(), quant.scales.numpy())
+    group = quant.group_size if quant.group_size and quant.group_size > 0 else -1
+    w, s = pack_weight(quant.method, quant.qweight.numpy(), quant.scales.numpy(), group)
     packed_w, packed_s = host_tensor(w), host_tensor(np.ascontiguousarray(s, dtype=np.float32))
     # the entry holds the tensors its key names: were they freed, a new tensor could
     # take their memory (and so their key) while the entry still answered for it
