@@ -639,3 +639,36 @@ void store_kv_avx512(KvDtype dt, const float* x, void* cache, float* scales, con
 }
 
 }  // namespace fdx86
+
+namespace fdx86 {
+
+// The memory floor benchmarks compare against: one read of `bytes` bytes
+// (a multiple of 64, 64-byte aligned), threads splitting the range, 4
+// independent 512-bit loads in flight per thread; returns an xor of the data
+// so the loads are not optimized away.
+uint64_t read_memory_avx512(const void* data, int64_t bytes, int threads) {
+  const int64_t lines = bytes / 64;
+  const __m512i* p = static_cast<const __m512i*>(data);
+  uint64_t result = 0;
+#pragma omp parallel num_threads(threads < 1 ? 1 : threads) reduction(^ : result)
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t begin = lines * t / nt, end = lines * (t + 1) / nt;
+    __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
+    int64_t i = begin;
+    for (; i + 4 <= end; i += 4) {
+      a = _mm512_xor_si512(a, _mm512_load_si512(p + i));
+      b = _mm512_xor_si512(b, _mm512_load_si512(p + i + 1));
+      c = _mm512_xor_si512(c, _mm512_load_si512(p + i + 2));
+      d = _mm512_xor_si512(d, _mm512_load_si512(p + i + 3));
+    }
+    for (; i < end; ++i) a = _mm512_xor_si512(a, _mm512_load_si512(p + i));
+    const __m512i all = _mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_xor_si512(c, d));
+    alignas(64) uint64_t lanes[8];
+    _mm512_store_si512(reinterpret_cast<__m512i*>(lanes), all);
+    for (uint64_t lane : lanes) result ^= lane;
+  }
+  return result;
+}
+
+}  // namespace fdx86

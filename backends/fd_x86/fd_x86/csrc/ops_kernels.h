@@ -115,4 +115,9 @@ struct QkvArgs {
 
 void qkv_rope_cache_avx2(const QkvArgs& a);
 
+// One read of `bytes` bytes (a multiple of 64, 64-byte aligned) with 512-bit
+// loads over `threads` threads: the memory floor of the benchmarks
+// (kernels_attn_avx512.cc; AVX-512 F). Returns an xor of the data.
+uint64_t read_memory_avx512(const void* data, int64_t bytes, int threads);
+
 }  // namespace fdx86

@@ -445,6 +445,37 @@ Dtypes F32x1d(const paddle::DataType&, const paddle::DataType&, const paddle::Da
 
 }  // namespace
 
+namespace {
+
+// fd_x86_read_memory(data uint8 [n]) -> int64 [1]: the xor of one read of data's
+// whole 64-byte lines (the benchmarks' memory floor; AVX-512 CPUs only).
+std::vector<paddle::Tensor> ReadMemory(const paddle::Tensor& data, int threads) {
+  const char* op = "fd_x86_read_memory";
+  PD_CHECK(cpu_has_avx512(), op, ": needs AVX-512 F/BW/VL/DQ");
+  PD_CHECK(data.is_cpu() && data.is_contiguous() && data.dtype() == paddle::DataType::UINT8, op,
+           ": data must be a contiguous uint8 CPU tensor");
+  const auto address = reinterpret_cast<uintptr_t>(data.data());
+  const int64_t skip = static_cast<int64_t>((64 - address % 64) % 64);
+  const int64_t bytes = std::max<int64_t>(0, data.numel() - skip) / 64 * 64;
+  paddle::Tensor out = paddle::empty({1}, paddle::DataType::INT64, paddle::CPUPlace());
+  out.data<int64_t>()[0] = static_cast<int64_t>(
+      fdx86::read_memory_avx512(static_cast<const uint8_t*>(data.data()) + skip, bytes, threads));
+  return {out};
+}
+
+std::vector<std::vector<int64_t>> ReadMemoryShape(const std::vector<int64_t>&) { return {{1}}; }
+std::vector<paddle::DataType> ReadMemoryDtype(const paddle::DataType&) { return {paddle::DataType::INT64}; }
+
+}  // namespace
+
+PD_BUILD_OP(fd_x86_read_memory)
+    .Inputs({"Data"})
+    .Outputs({"Checksum"})
+    .Attrs({"threads: int"})
+    .SetKernelFn(PD_KERNEL(ReadMemory))
+    .SetInferShapeFn(PD_INFER_SHAPE(ReadMemoryShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(ReadMemoryDtype));
+
 PD_BUILD_OP(fd_x86_rms_norm)
     .Inputs({"X", "Weight"})
     .Outputs({"Out"})
