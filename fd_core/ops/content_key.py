@@ -5,7 +5,8 @@ the argument lists of a fused op) must notice when a weight changes, whether
 the model assigns a new tensor or writes into the old one. Object identity
 misses the second and, once an object is freed, can match a new one at the
 same ``id``. A content key names the memory and its state instead:
-``(data pointer, shape, dtype, paddle's in-place version)``. A cache entry
+``(data pointer, shape, strides, dtype, paddle's in-place version)`` (a
+transposed view shares its tensor's pointer and, when square, its shape). A cache entry
 that keeps its key's tensors alive keeps their memory from being reused, so
 an equal key means the same bytes unless they were written without paddle
 counting the write: its in-place ops (``add_``, ``assign(..., output=)``)
@@ -33,13 +34,13 @@ def tensor_key(t: Any, version: bool = True) -> Hashable:
     codes = getattr(t, "codes", None)  # an 8-bit KV pool: its codes and scales
     if codes is not None:
         return (tensor_key(codes, version), tensor_key(t.scales, version))
-    return (t.data_ptr(), tuple(t.shape), t.dtype, t._inplace_version() if version else 0)
+    return (t.data_ptr(), tuple(t.shape), tuple(t.strides), t.dtype, t._inplace_version() if version else 0)
 
 
 def weight_key(w: Any) -> Hashable:
     """A linear weight's key: a tensor's, or a ``QuantizedWeight``'s method,
-    group size and the keys of its codes and scales."""
+    group size, features and the keys of its codes and scales."""
     qweight = getattr(w, "qweight", None)
     if qweight is None:
         return tensor_key(w)
-    return (w.method, w.group_size, tensor_key(qweight), tensor_key(w.scales))
+    return (w.method, w.group_size, w.in_features, w.out_features, tensor_key(qweight), tensor_key(w.scales))

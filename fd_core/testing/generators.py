@@ -70,8 +70,12 @@ class GeneratorRegistry:
         if entry is None:
             raise ValueError(f"unknown checkpoint shape {shape!r}; expected one of {self.shapes()}")
         if isinstance(entry, str):
-            module, attr = entry.split(":")
-            entry = getattr(importlib.import_module(module), attr)
+            try:
+                module, attr = entry.split(":")
+                entry = getattr(importlib.import_module(module), attr)
+            except (ValueError, ImportError, AttributeError) as exc:
+                raise ValueError(f"checkpoint shape {shape!r}: its generator {entry!r} cannot be loaded "
+                                 f"(expected 'module:function'): {exc}") from exc
             self._entries[shape] = entry
         return entry
 

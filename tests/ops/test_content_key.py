@@ -43,7 +43,7 @@ def test_a_quantized_weight_key_names_method_group_and_both_tensors() -> None:
     assert weight_key(q8) == weight_key(q8)
     assert weight_key(q8) != weight_key(q4)
     q8.scales = q8.scales.clone()
-    assert weight_key(q8)[3] != weight_key(quantize_weight("wint8", w))[3]
+    assert weight_key(q8)[-1] != weight_key(quantize_weight("wint8", w))[-1]
 
 
 def test_the_layer_key_changes_with_any_part_and_not_with_the_object() -> None:

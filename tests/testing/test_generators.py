@@ -63,3 +63,13 @@ def test_the_plugin_generated_checkpoint_serves(tmp_path: Path) -> None:
     llm = LLM(str(out), backend="cpu", num_gpu_blocks_override=32, max_model_len=256, block_size=16)
     result = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=16))
     assert result[0].outputs.text == "Hello from a plugin."
+
+
+def test_a_generator_that_cannot_be_loaded_is_named(tmp_path: Path) -> None:
+    registry = GeneratorRegistry()
+    registry.register("broken", "no_such_module_here:generate")
+    registry.register("malformed", "nocolon")
+    with pytest.raises(ValueError, match="shape 'broken'.*no_such_module_here"):
+        registry.generate(tmp_path, "broken")
+    with pytest.raises(ValueError, match="shape 'malformed'.*module:function"):
+        registry.generate(tmp_path, "malformed")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
@@ -47,13 +48,33 @@ __all__ = ["decoder_layers"]
 WINT8_CONTRACT = 3  # the op's kernel code for wint8 on the contract layout [out, in]
 DENSE16 = {"paddle.bfloat16": 4, "paddle.float16": 5}  # its codes for 16-bit weights [in, out] (packed_linear.h)
 STEP_KEY = "x86.layer"  # in metadata.workspace: the step's index tensors
-# runs seen lately: content key -> the op's inputs for the run (None: the run does not fit).
-# A model has a few runs (one per span of dense layers) and two kernel choices per run;
-# an entry holds its tensors, so their memory (and so their keys) cannot be reused while cached
+# Per model (keyed by its rotary table, which it owns for its lifetime, through a weak
+# reference: the model's cache goes with it): the runs seen lately, content key -> (what the
+# entry holds, the op's inputs for the run or None when it does not fit), and each run's last
+# answer by signature (see _run_inputs). A model has a few runs (one per span of dense
+# layers) and two kernel choices per run; an entry holds its tensors, so their memory (and so
+# their keys) cannot be reused while it is cached. Nothing in a model's cache refers to its
+# rotary table, so the cache does not keep the model alive.
 MAX_RUNS = 32
-_RUNS: OrderedDict[Hashable, tuple[Any, Any]] = OrderedDict()
-# each run's last answer: (its signature's objects, their values, the answer), see _run_inputs
-_RECENT: dict[tuple[int, bool], tuple[list[Any], list[Any], Any]] = {}
+
+
+class _ModelRuns:
+    def __init__(self) -> None:
+        self.runs: OrderedDict[Hashable, tuple[Any, Any]] = OrderedDict()
+        self.recent: dict[tuple[int, bool], tuple[list[Any], list[Any], Any]] = {}
+
+
+_MODELS: dict[int, tuple[Any, _ModelRuns]] = {}
+
+
+def _model_runs(cos_sin: Any) -> _ModelRuns:
+    key = id(cos_sin)
+    entry = _MODELS.get(key)
+    if entry is not None and entry[0]() is cos_sin:
+        return entry[1]
+    runs = _ModelRuns()
+    _MODELS[key] = (weakref.ref(cos_sin, lambda _ref: _MODELS.pop(key, None)), runs)
+    return runs
 
 
 @functools.lru_cache(maxsize=1)
@@ -122,6 +143,11 @@ def _packed_linears(layer: Any, contract: bool) -> tuple[list[Any], list[int], l
     return weights, methods, widths, groups
 
 
+def _switches() -> tuple[bool, bool]:
+    """The environment switches a run's build reads (FD_X86_REPACK, FD_X86_DENSE16)."""
+    return _use_packed("auto"), dense16_enabled()
+
+
 @functools.lru_cache(maxsize=1)
 def _no_scales() -> Any:
     """The scales slot of a 16-bit weight (the op reads none): one fp32 value."""
@@ -173,9 +199,9 @@ def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: l
         norms += [_fp32(layer.input_norm), _fp32(layer.post_norm)]
         k_data.append(pools[0])
         v_data.append(pools[1])
-        # a float pool's scales entry is unused by the op: any fp32 tensor (the rotary table)
-        k_scales.append(cos_sin if pools[2] is None else pools[2])
-        v_scales.append(cos_sin if pools[3] is None else pools[3])
+        # a float pool's scales entry is unused by the op: any fp32 tensor
+        k_scales.append(_no_scales() if pools[2] is None else pools[2])
+        v_scales.append(_no_scales() if pools[3] is None else pools[3])
         weights += linears[0]
         methods += linears[1]
         widths += linears[2]
@@ -183,13 +209,14 @@ def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: l
     return norms, k_data, v_data, k_scales, v_scales, weights, methods, widths, groups
 
 
-def _signature(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any],
-               contract: bool) -> tuple[list[Any], list[Any]]:
+def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], contract: bool) -> tuple[list[Any], list[Any]]:
     """What pins a cached run, cheaply: the objects it was built from (compared
-    by identity) and their shapes' scalars and the weights' in-place versions
-    (compared by value). Caches are written in place by design: identity only."""
-    objs: list[Any] = [cos_sin, *k_caches, *v_caches]
-    vals: list[Any] = [contract]
+    by identity) and their shapes' scalars, the weights' in-place versions and
+    the switches the build read (compared by value). Caches are written in
+    place by design: identity only. The rotary table is the per-model cache's
+    key (``_model_runs``), so it is not held here."""
+    objs: list[Any] = [*k_caches, *v_caches]
+    vals: list[Any] = [contract, *_switches()]
     for cache in (*k_caches, *v_caches):
         codes = getattr(cache, "codes", None)  # an 8-bit pool: its codes and scales may be replaced
         if codes is not None:
@@ -224,28 +251,30 @@ def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: 
     hash). Identity is sound there because the entry holds the objects: a
     live object's identity cannot pass to a new one."""
     contract = rows > WINT8_PACKED_MAX_ROWS
-    objs, vals = _signature(layers, cos_sin, k_caches, v_caches, contract)
+    cache = _model_runs(cos_sin)
+    objs, vals = _signature(layers, k_caches, v_caches, contract)
     slot = (id(objs[-1]), contract)  # the run's last weight: runs of one model differ there
-    recent = _RECENT.get(slot)
+    recent = cache.recent.get(slot)
     if recent is not None and recent[1] == vals and len(recent[0]) == len(objs) \
             and all(map(operator.is_, recent[0], objs)):
         return recent[2]  # type: ignore[no-any-return]
-    key = (contract, tensor_key(cos_sin, version=False), *(tensor_key(c, version=False) for c in k_caches),
+    key = (contract, *_switches(), tensor_key(cos_sin, version=False),
+           *(tensor_key(c, version=False) for c in k_caches),
            *(tensor_key(c, version=False) for c in v_caches), *(layer.key() for layer in layers))
-    entry = _RUNS.get(key)
+    entry = cache.runs.get(key)
     if entry is not None:
-        _RUNS.move_to_end(key)
+        cache.runs.move_to_end(key)
         answer = entry[1]
     else:
         answer = _build_run(layers, cos_sin, k_caches, v_caches, contract)
         # the entry holds every tensor its key names (through the layers), so their memory,
         # and with it the key, cannot be reused while it is cached
-        _RUNS[key] = ((layers, cos_sin, k_caches, v_caches), answer)
-        while len(_RUNS) > MAX_RUNS:
-            _RUNS.popitem(last=False)
-    if len(_RECENT) >= MAX_RUNS:
-        _RECENT.clear()
-    _RECENT[slot] = (objs, vals, answer)
+        cache.runs[key] = ((layers, k_caches, v_caches), answer)
+        while len(cache.runs) > MAX_RUNS:
+            cache.runs.popitem(last=False)
+    if len(cache.recent) >= MAX_RUNS:
+        cache.recent.clear()
+    cache.recent[slot] = (objs, vals, answer)
     return answer
 
 

@@ -762,3 +762,51 @@ def test_a_16_bit_weight_the_op_cannot_read_in_place_is_declined() -> None:
     if strided.down.is_contiguous():
         pytest.skip("paddle made the view contiguous")
     assert fused.decoder_layers([strided], hidden, residual, step.cos_sin, step.meta(), [k_cache], [v_cache]) is None
+
+
+# ------------------------------------------------------------ the run cache
+
+
+def test_the_run_cache_does_not_keep_a_model_alive() -> None:
+    """A model's cached runs go with its rotary table: once the model's tensors
+    are dropped, nothing of the fused layer's cache holds them (an engine shut
+    down in-process gives its weights and KV pools back)."""
+    import gc
+    import weakref
+
+    layer = _half_layer("bfloat16") if _dense16() else replace(_layer("wint8"))
+    layer = replace(layer, input_norm=layer.input_norm.clone())
+    step = _step(2, True, seed=81)
+    cos_sin = step.cos_sin.clone()
+    hidden, residual = step.inputs()
+    k_cache, v_cache = step.caches()
+    assert fused.decoder_layers([layer], hidden, residual, cos_sin, step.meta(), [k_cache], [v_cache]) is not None
+    refs = [weakref.ref(t) for t in (layer.input_norm, k_cache, cos_sin)]
+    del layer, k_cache, v_cache, cos_sin, hidden, residual
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+
+
+def test_a_transposed_view_of_a_weight_is_not_answered_from_the_cache(x86_ops: Any) -> None:
+    """A square weight's transpose shares its pointer and shape: the content key
+    tells them apart by strides, and the non-contiguous view is declined."""
+    if not _dense16():
+        pytest.skip("no AVX-512 dense16 kernels here")
+    layer = _half_layer("bfloat16")
+    assert layer.o.shape[0] == layer.o.shape[1]
+    step = _step(2, True, seed=82)
+    _run_fused(layer, step)
+    flipped = replace(layer, o=layer.o.T)
+    hidden, residual = step.inputs()
+    k_cache, v_cache = step.caches()
+    out = fused.decoder_layers([flipped], hidden, residual, step.cos_sin, step.meta(), [k_cache], [v_cache])
+    if flipped.o.is_contiguous():
+        _assert_same((out, k_cache, v_cache), _run_composed(x86_ops, flipped, step), 1e-5, 1e-5)
+    else:
+        assert out is None
+
+
+def _dense16() -> bool:
+    from fd_x86.dense16 import dense16_enabled
+
+    return dense16_enabled()
