@@ -85,8 +85,8 @@ class Profile:
     def __enter__(self) -> Profile:
         import fd_x86.moe as xmoe
 
-        names = ["linear", "moe_select_experts", "moe_experts", "rms_norm", "silu_and_mul", "decode_attention",
-                 "rope_and_write_kv_cache", "write_kv_cache", "rotary_embedding", "decoder_layers"]
+        names = ["linear", "moe_select_experts", "moe_experts", "moe_experts_with_shared", "rms_norm", "silu_and_mul",
+                 "decode_attention", "rope_and_write_kv_cache", "write_kv_cache", "rotary_embedding", "decoder_layers"]
         for name in names:
             self._saved[name] = getattr(self.ops, name)
             setattr(self.ops, name, self._wrap(name, self._saved[name]))

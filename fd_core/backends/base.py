@@ -68,6 +68,7 @@ class Ops:
         self._fd_decode_attention = resolve(hooks.fd_decode_attention)
         self._fd_moe_select_experts = resolve(hooks.fd_moe_select_experts)
         self._fd_moe_experts = resolve(hooks.fd_moe_experts)
+        self._fd_moe_layer_experts = resolve(hooks.fd_moe_layer_experts)
         self._fd_sample = resolve(hooks.fd_sample)
         self._fd_communicator = resolve(hooks.fd_communicator)
         # no plugin fuses layers (the reference alone): skip the hook call per layer
@@ -246,6 +247,40 @@ class Ops:
                 up_gate_weights=up_gate_weights, down_weights=down_weights, quant=quant,
             ),
         )
+
+    def moe_experts_with_shared(
+        self,
+        x: Tensor,
+        topk_weights: Tensor,
+        topk_ids: Tensor,
+        up_gate_weights: Tensor | None,
+        down_weights: Tensor | None,
+        quant: Any,
+        shared_up_gate: Any,
+        shared_down: Any,
+    ) -> Tensor:
+        """Routed experts plus the shared expert (``shared_up_gate [D, 2*Is]``,
+        ``shared_down [Is, D]``, tensors or ``QuantizedWeight``): the backend's
+        fused kernel when it answers, else ``moe_experts(...) +
+        down(silu_and_mul(up_gate(x)))`` through the unfused hooks (see the
+        hookspec)."""
+        fused = self._fd_moe_layer_experts(
+            x=x, topk_weights=topk_weights, topk_ids=topk_ids, up_gate_weights=up_gate_weights,
+            down_weights=down_weights, quant=quant, shared_up_gate=shared_up_gate, shared_down=shared_down,
+        )
+        if fused is not None:
+            return fused  # type: ignore[no-any-return]
+        out = self.moe_experts(x, topk_weights, topk_ids, up_gate_weights, down_weights, quant)
+        return out + self._weight_linear(self.silu_and_mul(self._weight_linear(x, shared_up_gate)), shared_down)
+
+    def _weight_linear(self, x: Tensor, weight: Any) -> Tensor:
+        """``x @ weight`` as ``fd_core.layers.basic.Linear`` calls it: a
+        ``QuantizedWeight`` as ``quant``, else as ``weight``."""
+        from fd_core.ops.linear import QuantizedWeight
+
+        if isinstance(weight, QuantizedWeight):
+            return self.linear(x, None, None, weight)
+        return self.linear(x, weight, None, None)
 
     def sample(
         self,

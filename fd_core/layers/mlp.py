@@ -58,10 +58,11 @@ class MoE:
         bias = self.correction_bias.data if self.correction_bias is not None else None
         weights, ids = self.ops.moe_select_experts(router_logits, self.top_k, bias, True, self.norm_min)
         quant = self.expert_quant
-        if quant is not None:
-            out = self.ops.moe_experts(x, weights, ids, None, None, quant)
-        else:
-            out = self.ops.moe_experts(x, weights, ids, self.up_gate_proj.data, self.down_proj.data, None)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
-        return out
+        up_gate, down = (None, None) if quant is not None else (self.up_gate_proj.data, self.down_proj.data)
+        shared = self.shared_experts
+        if shared is None:
+            return self.ops.moe_experts(x, weights, ids, up_gate, down, quant)
+        # routed sum + shared expert, in one backend call where it has one
+        return self.ops.moe_experts_with_shared(
+            x, weights, ids, up_gate, down, quant, shared.up_gate_proj.weight.data, shared.down_proj.weight.data,
+        )

@@ -327,7 +327,36 @@ def fd_moe_experts(
     ``quant`` is None or a per-expert ``QuantizedWeight`` pair (then both
     weight arguments are None). Returns
     ``[T, D]``. Shared experts are not included: MoE layers run them as a
-    dense MLP through ``fd_linear`` and add them to this result.
+    dense MLP through ``fd_linear`` and add them to this result (or ask
+    ``fd_moe_layer_experts`` for both at once).
+    """
+
+
+@hookspec(firstresult=True)
+def fd_moe_layer_experts(
+    x: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    up_gate_weights: Tensor | None,
+    down_weights: Tensor | None,
+    quant: Any,
+    shared_up_gate: Any,
+    shared_down: Any,
+) -> Tensor | None:
+    """Optional fusion of a MoE layer's routed experts and its shared expert
+    into one call.
+
+    The first six arguments are ``fd_moe_experts``'; ``shared_up_gate``
+    (``[D, 2*Is]``, ``[gate | up]``) and ``shared_down`` (``[Is, D]``) are the
+    shared expert's weights, each a plain tensor or a 2-D ``QuantizedWeight``.
+    Must equal ``fd_moe_experts(...) + down(silu_and_mul(x @ up_gate))``
+    computed through ``fd_moe_experts``, ``fd_linear`` and
+    ``fd_silu_and_mul``, in that order (routed sum first, then the shared
+    expert added). Returns ``[T, D]``. The reference does not implement it:
+    when no backend answers, ``Ops`` composes those hooks, so a backend
+    answers only to save their per-call costs, for the weights it has a
+    kernel for, and returns None for the rest. Stops at the first non-None
+    result.
     """
 
 

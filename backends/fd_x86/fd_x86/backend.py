@@ -14,8 +14,9 @@ bit-identical to the reference's, attention widening the rows in registers);
 the optional fusions
 ``fd_rope_and_write_kv_cache`` and, for decode steps with packed quantized
 weights, ``fd_decoder_layers`` (``fd_x86.layer``); ``fd_moe_experts`` for
-quantized experts and ``fd_moe_select_experts`` (``fd_x86.moe``: one native op per MoE
-layer's routed experts, and the router's top-k). fp32 linears, unquantized experts,
+quantized experts, ``fd_moe_layer_experts`` (the same with the layer's shared
+expert in the call) and ``fd_moe_select_experts`` (``fd_x86.moe``: one native op
+per MoE layer's experts, and the router's top-k). fp32 linears, unquantized experts,
 sampling, the cache allocation / block copies and any input those ops do not
 take return None here, so fd-core's reference answers.
 
@@ -228,6 +229,18 @@ def fd_moe_experts(x: Tensor, topk_weights: Tensor, topk_ids: Tensor, up_gate_we
     from fd_x86.moe import moe_experts
 
     return _native(moe_experts, x, topk_weights, topk_ids, quant)
+
+
+@hookimpl
+def fd_moe_layer_experts(x: Tensor, topk_weights: Tensor, topk_ids: Tensor, up_gate_weights: Tensor | None,
+                         down_weights: Tensor | None, quant: Any, shared_up_gate: Any,
+                         shared_down: Any) -> Tensor | None:
+    """Routed and shared experts in one native op (``fd_x86.moe.moe_layer_experts``)."""
+    if quant is None:
+        return None
+    from fd_x86.moe import moe_layer_experts
+
+    return _native(moe_layer_experts, x, topk_weights, topk_ids, quant, shared_up_gate, shared_down)
 
 
 @hookimpl

@@ -18,6 +18,11 @@ before (A/B comparisons). Unquantized experts return None (paddle's matmuls
 in the reference are the fast path there), as do methods without a kernel
 and non-fp32 / non-CPU inputs.
 
+``moe_layer_experts`` (``fd_moe_layer_experts``) runs the same op with the
+layer's shared expert as one more expert of every token, weight 1, added
+after the routed sum (``fd_x86_moe_experts_shared``): at B = 1 that saves
+the shared MLP's ~4 Python-dispatched ops per MoE layer.
+
 ``select_experts`` is fd-core's reference routing
 (``fd_core.ops.moe.reference_moe_select_experts``: softmax, selection by
 ``probs + correction_bias``, weights from ``probs``, renormalised with
@@ -32,13 +37,14 @@ from typing import Any
 
 from fd_core.backends.cpu import num_threads
 from fd_core.ops.activation import reference_silu_and_mul
+from fd_core.ops.linear import QuantizedWeight
 from fd_core.ops.moe import grouped_experts
 from fd_core.quantization.weights import expert_weight
 from fd_x86 import ops as x86_ops
 from fd_x86.build import load_ops
 from fd_x86.linear import METHODS, quantized_linear
 
-__all__ = ["moe_experts", "native_enabled", "select_experts"]
+__all__ = ["moe_experts", "moe_layer_experts", "native_enabled", "select_experts"]
 
 _METHOD_CODE = {"wint8": 0, "wint4": 1, "w8a8": 2}  # fd_x86_moe_experts' ``method``
 _NO_BIAS: list[Any] = []  # a 1-element fp32 tensor standing in for a missing correction bias
@@ -74,16 +80,48 @@ def moe_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any) -> Any:
     return grouped_experts(x, topk_weights, topk_ids, int(up_q.qweight.shape[0]), up_gate, down, act)
 
 
-def _native_experts(x: Any, topk_weights: Any, topk_ids: Any, up_q: Any, down_q: Any) -> Any:
+def moe_layer_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any, shared_up_gate: Any,
+                      shared_down: Any) -> Any:
+    """Routed experts plus the shared expert (``+ down(silu_and_mul(x @
+    up_gate))``, added after the routed sum) in one native call, or None:
+    when ``moe_experts``' native op would not run, or the shared weights are
+    not 2-D ``QuantizedWeight`` of a method the op has (the caller
+    then composes ``moe_experts`` and the shared MLP)."""
+    if quant is None or not native_enabled() or not _is_2d_quant(shared_up_gate) \
+            or not _is_2d_quant(shared_down):
+        return None
+    up_q, down_q = quant
+    if up_q.method not in METHODS or down_q.method != up_q.method or len(x.shape) != 2 \
+            or len(up_q.qweight.shape) != 3 or len(down_q.qweight.shape) != 3 or not x86_ops._host(x) \
+            or shared_up_gate.method not in METHODS or shared_down.method != shared_up_gate.method:
+        return None
+    return _native_experts(x, topk_weights, topk_ids, up_q, down_q, (shared_up_gate, shared_down))
+
+
+def _is_2d_quant(weight: Any) -> bool:
+    return isinstance(weight, QuantizedWeight) and len(weight.qweight.shape) == 2
+
+
+def _native_experts(x: Any, topk_weights: Any, topk_ids: Any, up_q: Any, down_q: Any,
+                    shared: tuple[Any, Any] | None = None) -> Any:
     paddle = x86_ops._paddle()
     if topk_ids.dtype != paddle.int64:
         topk_ids = topk_ids.astype("int64")
     if topk_weights.dtype != paddle.float32:
         topk_weights = topk_weights.astype("float32")
     x, topk_ids, topk_weights = (t if t.is_contiguous() else t.contiguous() for t in (x, topk_ids, topk_weights))
-    return load_ops().fd_x86_moe_experts(
+    ops = load_ops()
+    if shared is None:
+        return ops.fd_x86_moe_experts(
+            x, topk_ids, topk_weights, up_q.qweight, up_q.scales, down_q.qweight, down_q.scales,
+            _METHOD_CODE[up_q.method], _group(up_q), _group(down_q), 0, num_threads(),
+        )
+    s_up, s_down = shared
+    return ops.fd_x86_moe_experts_shared(
         x, topk_ids, topk_weights, up_q.qweight, up_q.scales, down_q.qweight, down_q.scales,
-        _METHOD_CODE[up_q.method], _group(up_q), _group(down_q), 0, num_threads(),
+        s_up.qweight, s_up.scales, s_down.qweight, s_down.scales,
+        _METHOD_CODE[up_q.method], _group(up_q), _group(down_q), _METHOD_CODE[s_up.method], _group(s_up),
+        _group(s_down), 0, num_threads(),
     )
 
 

@@ -41,9 +41,9 @@ def test_tiny_moe_model_quantized_matches_the_reference_numerics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
 ) -> None:
     """Greedy decoding of the tiny MoE model with ``method`` (wint4: experts
-    wint4, the rest wint8, FastDeploy's rule): the x86 routing and experts
-    (the native ops) answer every MoE call, and tokens and logprobs follow
-    the reference's numerics."""
+    wint4, the rest wint8, FastDeploy's rule): the x86 routing and the
+    routed + shared experts (the native ops, one call per layer) answer
+    every MoE call, and tokens and logprobs follow the reference's numerics."""
     answered = []
     real = fd_x86.moe.moe_experts
 
@@ -53,6 +53,16 @@ def test_tiny_moe_model_quantized_matches_the_reference_numerics(
         return out
 
     monkeypatch.setattr(fd_x86.moe, "moe_experts", counted)
+    layered = []
+    real_layer = fd_x86.moe.moe_layer_experts
+
+    def counted_layer(*args):  # type: ignore[no-untyped-def]
+        out = real_layer(*args)
+        layered.append(out is not None)
+        return out
+
+    # the tiny MoE has a shared expert: its layers ask fd_moe_layer_experts first
+    monkeypatch.setattr(fd_x86.moe, "moe_layer_experts", counted_layer)
     routed = []
     real_select = fd_x86.moe.select_experts
 
@@ -73,7 +83,7 @@ def test_tiny_moe_model_quantized_matches_the_reference_numerics(
 
     want_tokens, want_logprobs = run("cpu")
     got_tokens, got_logprobs = run("x86")
-    assert answered and all(answered) and routed and all(routed)
+    assert layered and all(layered) and not answered and routed and all(routed)
     assert got_tokens == want_tokens
     worst = max(abs(g - w) for gs, ws in zip(got_logprobs, want_logprobs) for g, w in zip(gs, ws))
     assert worst < 1e-3, worst
@@ -217,3 +227,83 @@ def test_native_experts_avx2_kernels_match_the_reference(method: str) -> None:
         up.group_size, down.group_size, 1, 2).numpy()
     atol = (2e-3 if method == "w8a8" else 1e-5) * float(np.abs(want).max())
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol)
+
+
+# ---------------------------------------------------------------- routed + shared expert in one call
+
+SHARED = 256  # the shared expert's width: not the routed experts' (2 wint4 groups on down)
+
+
+def _shared(method: str, rng: np.random.Generator, group: int = 128) -> tuple[QuantizedWeight, QuantizedWeight]:
+    """(up_gate [D, 2*SHARED], down [SHARED, D]) 2-D QuantizedWeights, as a quantized GatedMLP holds them."""
+
+    def one(d_in: int, d_out: int) -> QuantizedWeight:
+        q, scales, g = quantize_array(method, rng.standard_normal((d_in, d_out)).astype(np.float32) * 0.05, group)
+        return QuantizedWeight(method, paddle.to_tensor(q), paddle.to_tensor(scales), d_in, d_out, g)
+
+    return one(D, 2 * SHARED), one(SHARED, D)
+
+
+def _composed(x: Any, weights: Any, ids: Any, quant: Any, shared: Any) -> Any:
+    """What MoE layers computed before: the x86 routed experts, then the shared GatedMLP through the x86 ops."""
+    ops = get_backend("x86").ops
+    s_up, s_down = shared
+    routed = ops.moe_experts(x, weights, ids, None, None, quant)
+    return routed + ops.linear(ops.silu_and_mul(ops.linear(x, None, None, s_up)), None, None, s_down)
+
+
+@pytest.mark.parametrize("method, shared_method", [("wint8", "wint8"), ("wint4", "wint4"), ("w8a8", "w8a8"),
+                                                   ("wint4", "wint8")])
+@pytest.mark.parametrize("tokens, top_k", [(1, 2), (8, 4), (33, 1)])
+def test_routed_and_shared_experts_in_one_call_equal_the_composed_ops(
+    method: str, shared_method: str, tokens: int, top_k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Ops.moe_experts_with_shared`` on x86 is answered by the one native op
+    (wint4 experts with a wint8 shared expert too: FastDeploy's wint4 rule)
+    and equals moe_experts + the shared GatedMLP through the x86 ops."""
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    rng = np.random.default_rng(tokens * 10 + top_k)
+    quant, shared = _stacked(method, rng), _shared(shared_method, rng)
+    x = paddle.to_tensor(rng.standard_normal((tokens, D)).astype(np.float32))
+    weights, ids = _routing(rng, tokens, top_k)
+    fused = fd_x86.moe.moe_layer_experts(x, weights, ids, quant, *shared)
+    assert fused is not None
+    got = get_backend("x86").ops.moe_experts_with_shared(x, weights, ids, None, None, quant, *shared).numpy()
+    want = _composed(x, weights, ids, quant, shared).numpy()
+    np.testing.assert_array_equal(fused.numpy(), got)
+    # w8a8: the down input is quantized per token, so an ulp in silu may move one int8 step
+    atol = (2e-3 if "w8a8" in (method, shared_method) else 1e-5) * float(np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol)
+
+
+def test_shared_expert_is_added_after_the_routed_sum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No routed slot (k = 0): the op returns exactly the shared expert, and with
+    slots exactly ``routed + shared`` of the two ops' own results."""
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    rng = np.random.default_rng(9)
+    quant, shared = _stacked("wint8", rng), _shared("wint8", rng)
+    x = paddle.to_tensor(rng.standard_normal((4, D)).astype(np.float32))
+    weights, ids = _routing(rng, 4, 2)
+    routed = fd_x86.moe.moe_experts(x, weights, ids, quant).numpy()
+    none_w, none_ids = paddle.zeros([4, 0], dtype="float32"), paddle.zeros([4, 0], dtype="int64")
+    alone = fd_x86.moe.moe_layer_experts(x, none_w, none_ids, quant, *shared).numpy()
+    both = fd_x86.moe.moe_layer_experts(x, weights, ids, quant, *shared).numpy()
+    np.testing.assert_array_equal(both, routed + alone)
+
+
+def test_layer_experts_decline_what_the_op_does_not_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """None (the caller composes): unquantized shared or routed weights, an op
+    turned off with FD_X86_MOE_NATIVE=0."""
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    rng = np.random.default_rng(6)
+    quant, shared = _stacked("wint8", rng), _shared("wint8", rng)
+    x = paddle.to_tensor(rng.standard_normal((2, D)).astype(np.float32))
+    weights, ids = _routing(rng, 2, 2)
+    dense = paddle.ones([D, 2 * SHARED]), paddle.ones([SHARED, D])
+    assert fd_x86.moe.moe_layer_experts(x, weights, ids, quant, *dense) is None
+    assert backend.fd_moe_layer_experts(x, weights, ids, x, x, None, *shared) is None
+    monkeypatch.setenv("FD_X86_MOE_NATIVE", "0")
+    assert fd_x86.moe.moe_layer_experts(x, weights, ids, quant, *shared) is None
+    monkeypatch.delenv("FD_X86_MOE_NATIVE")
+    with pytest.raises(Exception, match="shared down"):
+        fd_x86.moe.moe_layer_experts(x, weights, ids, quant, shared[0], _shared("wint8", rng)[0])

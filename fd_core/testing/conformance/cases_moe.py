@@ -1,5 +1,7 @@
 """Mixture of experts: routing (moe_select_experts) and the routed experts'
-FFN (moe_experts) with uneven loads and experts that receive no tokens."""
+FFN (moe_experts) with uneven loads and experts that receive no tokens; the
+optional fused routed + shared experts (moe_layer_experts) against the
+reference's composition."""
 
 from __future__ import annotations
 
@@ -9,7 +11,14 @@ import pytest
 from fd_core._paddle import import_paddle
 from fd_core.ops.linear import QuantizedWeight
 from fd_core.testing.conformance import STATE_KEY
-from fd_core.testing.conformance.harness import Harness, Tolerance, case_rng, replace_tensors
+from fd_core.testing.conformance.harness import (
+    COMPOSED,
+    NATIVE,
+    Harness,
+    Tolerance,
+    case_rng,
+    replace_tensors,
+)
 
 paddle = import_paddle()
 
@@ -117,10 +126,11 @@ QUANTIZED_MOE = [(1, 256, 256, 8, 2, ()), (37, 256, 512, 8, 2, (1, 5))]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if metafunc.function.__name__ == "test_moe_experts_quantized":
+    name = metafunc.function.__name__
+    if name in ("test_moe_experts_quantized", "test_moe_layer_experts"):
         state = metafunc.config.stash[STATE_KEY]
-        methods = state.backend.capabilities().quantization_methods if state.backend else ()
-        metafunc.parametrize("method", list(methods))
+        methods = list(state.backend.capabilities().quantization_methods if state.backend else ())
+        metafunc.parametrize("method", methods if name == "test_moe_experts_quantized" else ["none", *methods])
 
 
 def _stack_quantized(fd: Harness, method: str, weights: np.ndarray) -> QuantizedWeight:
@@ -162,3 +172,62 @@ def test_moe_experts_quantized(
     # silu can move one int8 code, which the down projection spreads
     tol = fd.tol() if method != "w8a8" else fd.tol().looser(Tolerance(rtol=2e-2, atol=2e-2))
     fd.assert_close("moe_experts", case, got, want, tol if fd.override is None else fd.override)
+
+
+# ------------------------------------------- routed + shared expert (optional fusion)
+
+
+def _quantized_2d(fd: Harness, method: str, weight: np.ndarray) -> QuantizedWeight:
+    from fd_core.testing.conformance.cases_dense import _reference_quantizer
+
+    with fd.on_host():
+        return _reference_quantizer(method)(method, fd.host(weight))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("tokens,hidden,inter,shared_inter,experts,top_k,empty", [
+    (1, 256, 256, 512, 8, 2, ()), (37, 256, 512, 256, 8, 2, (1, 5)),
+])
+def test_moe_layer_experts(
+    conformance: Harness, method: str, tokens: int, hidden: int, inter: int, shared_inter: int, experts: int,
+    top_k: int, empty: tuple[int, ...],
+) -> None:
+    """``Ops.moe_experts_with_shared`` (the backend's fd_moe_layer_experts
+    where it answers, else moe_experts + the shared GatedMLP) against the
+    reference's composition; experts and shared expert quantized with
+    ``method`` ("none": fp weights)."""
+    fd = conformance
+    rng = case_rng("moe_layer_experts", method, tokens, hidden, inter, shared_inter, experts, top_k)
+    x = fd.rounded(rng.normal(0, 1, (tokens, hidden)))
+    up_gate = rng.normal(0, hidden**-0.5, (experts, hidden, 2 * inter)).astype(np.float32)
+    down = rng.normal(0, inter**-0.5, (experts, inter, hidden)).astype(np.float32)
+    s_up = rng.normal(0, hidden**-0.5, (hidden, 2 * shared_inter)).astype(np.float32)
+    s_down = rng.normal(0, shared_inter**-0.5, (shared_inter, hidden)).astype(np.float32)
+    weights, ids = _uneven_routing(rng, tokens, experts, top_k, empty)
+    routing = dict(topk_weights=fd.device(weights, "float32"), topk_ids=fd.device(ids))
+    host_routing = dict(topk_weights=fd.host(weights), topk_ids=fd.host(ids))
+    if method == "none":
+        up_gate, down, s_up, s_down = (fd.rounded(w) for w in (up_gate, down, s_up, s_down))
+        args = dict(up_gate_weights=fd.device(up_gate), down_weights=fd.device(down), quant=None,
+                    shared_up_gate=fd.device(s_up), shared_down=fd.device(s_down))
+        host = dict(up_gate_weights=fd.host(up_gate), down_weights=fd.host(down), quant=None,
+                    shared_up_gate=fd.host(s_up), shared_down=fd.host(s_down))
+    else:
+        quant = (_stack_quantized(fd, method, up_gate), _stack_quantized(fd, method, down))
+        shared = (_quantized_2d(fd, method, s_up), _quantized_2d(fd, method, s_down))
+        on_device = [replace_tensors(q, lambda t: t.to(fd.place)) for q in (*quant, *shared)]
+        args = dict(up_gate_weights=None, down_weights=None, quant=tuple(on_device[:2]),
+                    shared_up_gate=on_device[2], shared_down=on_device[3])
+        host = dict(up_gate_weights=None, down_weights=None, quant=quant, shared_up_gate=shared[0],
+                    shared_down=shared[1])
+    case = (f"{method}: x[{tokens}, {hidden}] experts={experts} top_k={top_k} inter={inter} "
+            f"shared_inter={shared_inter} dtype={fd.dtype}")
+    result = None
+    if fd.implements("moe_layer_experts") and not fd.is_reference:
+        only_backend = fd.backend.pm.subset_hook_caller("fd_moe_layer_experts", remove_plugins=[fd.reference_module])
+        result = only_backend(x=fd.device(x), **routing, **args)
+    fd.answers.setdefault("moe_layer_experts", set()).add(NATIVE if result is not None else COMPOSED)
+    got = result if result is not None else fd.backend.ops.moe_experts_with_shared(x=fd.device(x), **routing, **args)
+    with fd.on_host():
+        want = fd.reference.ops.moe_experts_with_shared(x=fd.host(x), **host_routing, **host)
+    tol = fd.tol() if method != "w8a8" else fd.tol().looser(Tolerance(rtol=2e-2, atol=2e-2))
+    fd.assert_close("moe_layer_experts", case, got, want, tol if fd.override is None else fd.override)

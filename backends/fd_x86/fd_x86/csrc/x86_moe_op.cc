@@ -14,6 +14,13 @@
 //     method (0 wint8, 1 wint4, 2 w8a8), up_group / down_group (wint4's
 //     group size, -1 = K), isa (0 auto, 1 AVX2, 2 AVX-512), threads.
 //
+//   fd_x86_moe_experts_shared(..., shared_up_qweight, shared_up_scales, shared_down_qweight, shared_down_scales)
+//     the same plus the layer's shared expert: 2-D weights (qweight [N, K'],
+//     scales [N] or [N, G]; attributes shared_method, its own as wint4
+//     experts keep the rest wint8, shared_up_group / shared_down_group),
+//     run on all T tokens at once and added after the routed sum (out = routed + down_s(silu(gate_s x) * up_s x), the
+//     reference's order), so a MoE layer is one call instead of ~4 more ops.
+//
 //   fd_x86_moe_select(router_logits, bias) -> (topk_weights fp32 [T, k], topk_ids int64 [T, k])
 //     probs = softmax(logits); experts chosen by probs + bias (has_bias), in
 //     descending score (lower id first on ties), weighted by probs; with
@@ -23,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -71,22 +79,24 @@ struct Stacked {
   const float* scales = nullptr;
   int64_t E = 0, N = 0, K = 0, groups = 1, group_size = 0, row_bytes = 0;
 
+  // single: a 2-D [N, K'] weight (the shared expert) read as one expert
   Stacked(const char* name, const paddle::Tensor& qweight, const paddle::Tensor& s, int method, int64_t K_,
-          int group) {
+          int group, bool single = false) {
     const char* op = "fd_x86_moe_experts";
     PD_CHECK(qweight.is_cpu() && s.is_cpu(), op, ": ", name, " must be on the CPU");
     PD_CHECK(qweight.is_contiguous() && s.is_contiguous(), op, ": ", name, " qweight and scales must be contiguous");
-    PD_CHECK(qweight.shape().size() == 3, op, ": ", name, " qweight must be 3-D [E, N, K'], got ",
-             qweight.shape().size(), " dims");
+    const size_t dims = single ? 2 : 3;
+    PD_CHECK(qweight.shape().size() == dims, op, ": ", name, " qweight must be ", single ? "2-D [N, K']" : "3-D [E, N, K']",
+             ", got ", qweight.shape().size(), " dims");
     PD_CHECK(qweight.dtype() == (method == kWint4 ? paddle::DataType::UINT8 : paddle::DataType::INT8), op, ": ", name,
              " qweight must be ", method == kWint4 ? "uint8" : "int8");
     PD_CHECK(s.dtype() == paddle::DataType::FLOAT32, op, ": ", name, " scales must be float32");
-    E = qweight.shape()[0];
-    N = qweight.shape()[1];
+    E = single ? 1 : qweight.shape()[0];
+    N = qweight.shape()[dims - 2];
     K = K_;
     row_bytes = method == kWint4 ? K / 2 : K;
-    PD_CHECK(qweight.shape()[2] == row_bytes, op, ": ", name, " qweight is [", E, ", ", N, ", ", qweight.shape()[2],
-             "], expected ", row_bytes, " bytes per row for K = ", K);
+    PD_CHECK(qweight.shape()[dims - 1] == row_bytes, op, ": ", name, " qweight has ", qweight.shape()[dims - 1],
+             " bytes per row (N = ", N, "), expected ", row_bytes, " for K = ", K);
     if (method == kWint4) {
       PD_CHECK(K % 2 == 0, op, ": wint4 needs an even K, got ", K);
       group_size = group <= 0 ? K : group;
@@ -171,11 +181,22 @@ void expert_linear(const Stacked& s, int64_t e, const float* x, int64_t M, float
 
 }  // namespace
 
-std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x, const paddle::Tensor& topk_ids,
-                                       const paddle::Tensor& topk_weights, const paddle::Tensor& up_qweight,
-                                       const paddle::Tensor& up_scales, const paddle::Tensor& down_qweight,
-                                       const paddle::Tensor& down_scales, int method, int up_group, int down_group,
-                                       int isa, int threads) {
+namespace {
+
+// The shared expert's weights (2-D), or none.
+struct SharedArgs {
+  const paddle::Tensor* up_qweight = nullptr;
+  const paddle::Tensor* up_scales = nullptr;
+  const paddle::Tensor* down_qweight = nullptr;
+  const paddle::Tensor* down_scales = nullptr;
+  int method = 0, up_group = -1, down_group = -1;  // method: the shared expert's own (wint4 experts, wint8 rest)
+};
+
+paddle::Tensor moe_forward(const paddle::Tensor& x, const paddle::Tensor& topk_ids,
+                           const paddle::Tensor& topk_weights, const paddle::Tensor& up_qweight,
+                           const paddle::Tensor& up_scales, const paddle::Tensor& down_qweight,
+                           const paddle::Tensor& down_scales, int method, int up_group, int down_group, int isa,
+                           int threads, const SharedArgs* shared) {
   const char* op = "fd_x86_moe_experts";
   PD_CHECK(method == kWint8 || method == kWint4 || method == kW8a8, op, ": method must be 0 (wint8), 1 (wint4) or ",
            "2 (w8a8), got ", method);
@@ -198,11 +219,26 @@ std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x, const paddle::Te
            ", ", D, ", ...]");
   const int64_t E = up.E;
   threads = threads < 1 ? 1 : threads;
+  // the shared expert: one more "expert" of every token, weight 1, added after the routed sum
+  std::unique_ptr<Stacked> sh_up, sh_down;
+  if (shared != nullptr) {
+    sh_up = std::make_unique<Stacked>("shared up_gate", *shared->up_qweight, *shared->up_scales, shared->method, D,
+                                      shared->up_group, true);
+    PD_CHECK(sh_up->N % 2 == 0, op, ": shared up_gate has an odd number of outputs (", sh_up->N,
+             "), expected 2 * I");
+    sh_down = std::make_unique<Stacked>("shared down", *shared->down_qweight, *shared->down_scales, shared->method,
+                                        sh_up->N / 2, shared->down_group, true);
+    PD_CHECK(sh_down->N == D, op, ": shared down has ", sh_down->N, " outputs, expected D = ", D);
+  }
 
   paddle::Tensor out = paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   float* od = out.data<float>();
   std::fill_n(od, T * D, 0.0f);
-  if (T == 0 || k == 0) return {out};
+  if (T == 0) return out;
+  std::vector<float> rows, h, act;
+  Scratch scratch;
+  const float* xd = x.data<float>();
+  if (k == 0 && shared == nullptr) return out;
   const int64_t* ids = topk_ids.data<int64_t>();
   const float* tw = topk_weights.data<float>();
   // slots grouped by expert, stable: ascending expert, then slot t * k + j
@@ -222,9 +258,6 @@ std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x, const paddle::Te
   // thread, measured 1.2-1.7x slower on the 2-core Zen 4 VM at T = 1 and 8:
   // the kernels' own parallel regions, nested and serialised, cost more.)
   std::vector<float> y(T * k * D);  // expert outputs per grouped slot
-  std::vector<float> rows, h, act;
-  Scratch scratch;
-  const float* xd = x.data<float>();
   for (int64_t e = 0; e < E; ++e) {
     const int64_t m = start[e + 1] - start[e];
     if (m == 0) continue;
@@ -245,7 +278,48 @@ std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x, const paddle::Te
     const float* src = y.data() + s * D;
     for (int64_t d = 0; d < D; ++d) dst[d] += src[d] * w;
   }
-  return {out};
+  if (shared != nullptr) {
+    const int64_t Is = sh_up->N / 2;
+    h.resize(T * 2 * Is);
+    act.resize(T * Is);
+    y.resize(T * D);
+    expert_linear(*sh_up, 0, xd, T, h.data(), shared->method, avx512, threads, &scratch);
+    fdx86::silu_and_mul_avx2(h.data(), act.data(), T, Is, threads);
+    expert_linear(*sh_down, 0, act.data(), T, y.data(), shared->method, avx512, threads, &scratch);
+    for (int64_t i = 0; i < T * D; ++i) od[i] += y[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x, const paddle::Tensor& topk_ids,
+                                       const paddle::Tensor& topk_weights, const paddle::Tensor& up_qweight,
+                                       const paddle::Tensor& up_scales, const paddle::Tensor& down_qweight,
+                                       const paddle::Tensor& down_scales, int method, int up_group, int down_group,
+                                       int isa, int threads) {
+  return {moe_forward(x, topk_ids, topk_weights, up_qweight, up_scales, down_qweight, down_scales, method, up_group,
+                      down_group, isa, threads, nullptr)};
+}
+
+std::vector<paddle::Tensor> MoeExpertsShared(
+    const paddle::Tensor& x, const paddle::Tensor& topk_ids, const paddle::Tensor& topk_weights,
+    const paddle::Tensor& up_qweight, const paddle::Tensor& up_scales, const paddle::Tensor& down_qweight,
+    const paddle::Tensor& down_scales, const paddle::Tensor& shared_up_qweight, const paddle::Tensor& shared_up_scales,
+    const paddle::Tensor& shared_down_qweight, const paddle::Tensor& shared_down_scales, int method, int up_group,
+    int down_group, int shared_method, int shared_up_group, int shared_down_group, int isa, int threads) {
+  PD_CHECK(shared_method == kWint8 || shared_method == kWint4 || shared_method == kW8a8,
+           "fd_x86_moe_experts_shared: shared_method must be 0 (wint8), 1 (wint4) or 2 (w8a8), got ", shared_method);
+  SharedArgs shared;
+  shared.method = shared_method;
+  shared.up_qweight = &shared_up_qweight;
+  shared.up_scales = &shared_up_scales;
+  shared.down_qweight = &shared_down_qweight;
+  shared.down_scales = &shared_down_scales;
+  shared.up_group = shared_up_group;
+  shared.down_group = shared_down_group;
+  return {moe_forward(x, topk_ids, topk_weights, up_qweight, up_scales, down_qweight, down_scales, method, up_group,
+                      down_group, isa, threads, &shared)};
 }
 
 std::vector<paddle::Tensor> MoeSelect(const paddle::Tensor& logits, const paddle::Tensor& bias, int top_k,
@@ -309,6 +383,22 @@ std::vector<paddle::DataType> MoeExpertsInferDtype(const paddle::DataType& x, co
   return {paddle::DataType::FLOAT32};
 }
 
+std::vector<std::vector<int64_t>> MoeExpertsSharedInferShape(
+    const std::vector<int64_t>& x, const std::vector<int64_t>& ids, const std::vector<int64_t>& tw,
+    const std::vector<int64_t>& uq, const std::vector<int64_t>& us, const std::vector<int64_t>& dq,
+    const std::vector<int64_t>& ds, const std::vector<int64_t>& suq, const std::vector<int64_t>& sus,
+    const std::vector<int64_t>& sdq, const std::vector<int64_t>& sds, int method, int up_group, int down_group,
+    int shared_method, int shared_up_group, int shared_down_group, int isa, int threads) {
+  return {x};
+}
+
+std::vector<paddle::DataType> MoeExpertsSharedInferDtype(
+    const paddle::DataType& x, const paddle::DataType& ids, const paddle::DataType& tw, const paddle::DataType& uq,
+    const paddle::DataType& us, const paddle::DataType& dq, const paddle::DataType& ds, const paddle::DataType& suq,
+    const paddle::DataType& sus, const paddle::DataType& sdq, const paddle::DataType& sds) {
+  return {paddle::DataType::FLOAT32};
+}
+
 std::vector<std::vector<int64_t>> MoeSelectInferShape(const std::vector<int64_t>& logits,
                                                       const std::vector<int64_t>& bias, int top_k, bool has_bias,
                                                       bool renormalize, float norm_min) {
@@ -326,6 +416,16 @@ PD_BUILD_OP(fd_x86_moe_experts)
     .SetKernelFn(PD_KERNEL(MoeExperts))
     .SetInferShapeFn(PD_INFER_SHAPE(MoeExpertsInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(MoeExpertsInferDtype));
+
+PD_BUILD_OP(fd_x86_moe_experts_shared)
+    .Inputs({"X", "TopkIds", "TopkWeights", "UpQWeight", "UpScales", "DownQWeight", "DownScales", "SharedUpQWeight",
+             "SharedUpScales", "SharedDownQWeight", "SharedDownScales"})
+    .Outputs({"Out"})
+    .Attrs({"method: int", "up_group: int", "down_group: int", "shared_method: int", "shared_up_group: int",
+            "shared_down_group: int", "isa: int", "threads: int"})
+    .SetKernelFn(PD_KERNEL(MoeExpertsShared))
+    .SetInferShapeFn(PD_INFER_SHAPE(MoeExpertsSharedInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(MoeExpertsSharedInferDtype));
 
 PD_BUILD_OP(fd_x86_moe_select)
     .Inputs({"RouterLogits", "Bias"})
