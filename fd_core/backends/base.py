@@ -270,17 +270,10 @@ class Ops:
         )
         if fused is not None:
             return fused  # type: ignore[no-any-return]
+        from fd_core.ops.decoder import apply_linear  # paddle, so not at import (the API process lists backends)
+
         out = self.moe_experts(x, topk_weights, topk_ids, up_gate_weights, down_weights, quant)
-        return out + self._weight_linear(self.silu_and_mul(self._weight_linear(x, shared_up_gate)), shared_down)
-
-    def _weight_linear(self, x: Tensor, weight: Any) -> Tensor:
-        """``x @ weight`` as ``fd_core.layers.basic.Linear`` calls it: a
-        ``QuantizedWeight`` as ``quant``, else as ``weight``."""
-        from fd_core.ops.linear import QuantizedWeight
-
-        if isinstance(weight, QuantizedWeight):
-            return self.linear(x, None, None, weight)
-        return self.linear(x, weight, None, None)
+        return out + apply_linear(self, self.silu_and_mul(apply_linear(self, x, shared_up_gate)), shared_down)
 
     def sample(
         self,

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_features.h"
 #include "kernels.h"
 #include "packed_linear.h"
 #include "paddle/extension.h"
@@ -23,17 +24,8 @@ namespace {
 
 constexpr int kAuto = 0, kAvx2 = 1, kAvx512 = 2;
 
-bool cpu_has_avx512_vnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vnni");
-}
-
-bool cpu_has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
+using fdx86::cpu_has_avx2;
+using fdx86::cpu_has_avx512_vnni;
 
 int resolve_isa(int isa) {
   if (isa == kAuto) {
@@ -120,7 +112,7 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
              ": method ", method, " takes a ", bf16 ? "bfloat16" : "float16", " weight");
     PD_CHECK(packed.shape().size() == 2 && packed.shape()[0] == K && packed.shape()[1] == n, op,
              ": a dense weight must be [K, N] = [", K, ", ", n, "]");
-    PD_CHECK(cpu_has_avx512_vnni(), op, ": the fused kernels need AVX-512");
+    PD_CHECK(cpu_has_avx512_vnni(), op, ": the fused kernels need AVX-512 VNNI");
     return a;
   }
   PD_CHECK(packed.dtype() == paddle::DataType::INT8 || packed.dtype() == paddle::DataType::UINT8, op,
@@ -323,15 +315,6 @@ PD_BUILD_OP(fd_x86_packed_linear)
 // fp32 products, 2 = bf16 GEMM: x rounded to bf16; see kernels.h). Needs
 // AVX-512 F/BW/VL/DQ, and avx512_bf16 for kernel 2.
 
-namespace {
-
-bool cpu_has_avx512_base() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-}
-
-}  // namespace
 
 std::vector<paddle::Tensor> Dense16Linear(const paddle::Tensor& x, const paddle::Tensor& w, int threads, int kernel) {
   const char* op = "fd_x86_dense16_linear";
@@ -346,7 +329,7 @@ std::vector<paddle::Tensor> Dense16Linear(const paddle::Tensor& x, const paddle:
            w.shape()[0]);
   PD_CHECK(kernel >= fdx86::kDense16Auto && kernel <= fdx86::kDense16Gemm, op,
            ": kernel must be 0 (auto), 1 (stream) or 2 (bf16 GEMM), got ", kernel);
-  PD_CHECK(cpu_has_avx512_base(), op, ": needs AVX-512 F/BW/VL/DQ, which this CPU lacks");
+  PD_CHECK(fdx86::cpu_has_avx512(), op, ": needs AVX-512 F/BW/VL/DQ, which this CPU lacks");
   fdx86::Dense16Args a;
   a.M = x.shape()[0];
   a.K = x.shape()[1];

@@ -34,6 +34,7 @@
 #include <numeric>
 #include <vector>
 
+#include "cpu_features.h"
 #include "kernels.h"
 #include "moe_kernels.h"
 #include "ops_kernels.h"
@@ -43,31 +44,20 @@ namespace {
 
 constexpr int kWint8 = 0, kWint4 = 1, kW8a8 = 2;
 
-bool has_avx512_vnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vnni");
-}
-
-bool has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
 
 // true: the AVX-512 kernels, false: the AVX2 ones
 bool use_avx512(int isa) {
   if (isa == 2) {
-    PD_CHECK(has_avx512_vnni(), "fd_x86_moe_experts: isa=2 (AVX-512 VNNI) requested, but this CPU lacks it");
+    PD_CHECK(fdx86::cpu_has_avx512_vnni(), "fd_x86_moe_experts: isa=2 (AVX-512 VNNI) requested, but this CPU lacks it");
     return true;
   }
   if (isa == 1) {
-    PD_CHECK(has_avx2(), "fd_x86_moe_experts: isa=1 (AVX2+FMA) requested, but this CPU lacks it");
+    PD_CHECK(fdx86::cpu_has_avx2(), "fd_x86_moe_experts: isa=1 (AVX2+FMA) requested, but this CPU lacks it");
     return false;
   }
   PD_CHECK(isa == 0, "fd_x86_moe_experts: isa must be 0 (auto), 1 (avx2) or 2 (avx512), got ", isa);
-  if (has_avx512_vnni()) return true;
-  PD_CHECK(has_avx2(), "fd_x86_moe_experts: this CPU has neither AVX-512 VNNI nor AVX2+FMA");
+  if (fdx86::cpu_has_avx512_vnni()) return true;
+  PD_CHECK(fdx86::cpu_has_avx2(), "fd_x86_moe_experts: this CPU has neither AVX-512 VNNI nor AVX2+FMA");
   return false;
 }
 

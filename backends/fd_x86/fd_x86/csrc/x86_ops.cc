@@ -25,28 +25,15 @@
 #include <memory>
 #include <vector>
 
+#include "cpu_features.h"
 #include "ops_kernels.h"
 #include "packed_linear.h"
 #include "paddle/extension.h"
 
 namespace {
 
-bool cpu_has_avx2() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return has;
-}
-
-bool cpu_has_avx512() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  }();
-  return has;
-}
+using fdx86::cpu_has_avx2;
+using fdx86::cpu_has_avx512;
 
 void check_f32(const char* op, const char* name, const paddle::Tensor& t) {
   PD_CHECK(t.is_cpu(), op, ": ", name, " must be on the CPU");
