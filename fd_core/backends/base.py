@@ -270,7 +270,9 @@ class Ops:
         )
         if fused is not None:
             return fused  # type: ignore[no-any-return]
-        from fd_core.ops.decoder import apply_linear  # paddle, so not at import (the API process lists backends)
+        from fd_core.ops.decoder import (
+            apply_linear,  # paddle, so not at import (the API process lists backends)
+        )
 
         out = self.moe_experts(x, topk_weights, topk_ids, up_gate_weights, down_weights, quant)
         return out + apply_linear(self, self.silu_and_mul(apply_linear(self, x, shared_up_gate)), shared_down)
