@@ -20,6 +20,7 @@ AVX512_BF16_FLAG = "avx512_bf16"  # vdpbf16ps: the bf16 dense GEMM (fd_x86.dense
 DENSE16_GEMM_MIN_ROWS = 16
 AVX2_FLAGS = ("avx2", "fma")
 AMX_FLAGS = ("amx_tile", "amx_int8")
+AMX_BF16_FLAGS = ("amx_tile", "amx_bf16", AVX512_BF16_FLAG)  # the AMX-BF16 dense GEMM (kernels_amx_bf16.cc)
 # x86_linear_op.cc's kAmxMinRows: packed w8a8 calls with at least this many
 # rows (and K % 64 == 0) run the AMX kernel where the CPU has AMX
 AMX_MIN_ROWS = 12
@@ -76,8 +77,14 @@ def _dense16_line(features: CpuFeatures) -> str:
     """fd_x86.dense16's kernels here (FD_X86_DENSE16=0 turns them off)."""
     if os.environ.get("FD_X86_DENSE16") == "0":
         return "bf16/fp16 dense: off (FD_X86_DENSE16=0), fd-core reference"
-    gemm = (f"avx512-bf16 vdpbf16ps GEMM from {DENSE16_GEMM_MIN_ROWS} rows" if features.has(AVX512_BF16_FLAG)
-            else f"no {AVX512_BF16_FLAG}: the stream kernel at every M")
+    if features.has(*AMX_BF16_FLAGS) and os.environ.get("FD_X86_AMX") != "0":
+        gemm = (f"AMX-BF16 tiles (tdpbf16ps, 32x32) from {DENSE16_GEMM_MIN_ROWS} rows (matrices of 64M+ "
+                "elements from 32; FD_X86_AMX=0: avx512-bf16 vdpbf16ps)")
+    elif features.has(AVX512_BF16_FLAG):
+        amx = "AMX off: FD_X86_AMX=0" if features.has(*AMX_BF16_FLAGS) else "no AMX-BF16 on this CPU"
+        gemm = f"avx512-bf16 vdpbf16ps GEMM from {DENSE16_GEMM_MIN_ROWS} rows ({amx})"
+    else:
+        gemm = f"no {AVX512_BF16_FLAG}: the stream kernel at every M"
     return f"bf16/fp16 dense: avx512 fp32 FMA, weights widened in registers; bf16: {gemm}"
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from fd_x86.build import CSRC
 from fd_x86.cpu import (
+    AMX_BF16_FLAGS,
     AMX_FLAGS,
     AMX_MIN_ROWS,
     AVX512_VNNI_FLAGS,
@@ -37,6 +38,32 @@ def test_listing_reports_amx_for_amx_flags(monkeypatch: pytest.MonkeyPatch) -> N
     assert "no AMX on this CPU" in choose_kernels(CpuFeatures("test", AVX512)).summary[0]
     # AMX without the AVX-512 VNNI the kernel's epilogue and the packing need: no AMX
     assert choose_kernels(CpuFeatures("test", frozenset({"avx2", "fma", *AMX_FLAGS}))).isa == "avx2"
+
+
+def test_listing_reports_amx_bf16_for_bf16_dense(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FD_X86_AMX", raising=False)
+    monkeypatch.delenv("FD_X86_DENSE16", raising=False)
+    amx = CpuFeatures("test", AVX512 | set(AMX_FLAGS) | set(AMX_BF16_FLAGS))
+    assert "bf16: AMX-BF16 tiles (tdpbf16ps" in choose_kernels(amx).summary[2]
+    monkeypatch.setenv("FD_X86_AMX", "0")
+    assert "vdpbf16ps GEMM from 16 rows (AMX off: FD_X86_AMX=0)" in choose_kernels(amx).summary[2]
+    monkeypatch.delenv("FD_X86_AMX")
+    bf16_only = CpuFeatures("test", AVX512 | {"avx512_bf16"})
+    assert "vdpbf16ps GEMM from 16 rows (no AMX-BF16 on this CPU)" in choose_kernels(bf16_only).summary[2]
+
+
+@pytest.mark.slow  # builds both harnesses (~30 s on 2 cores)
+def test_bf16_harness_against_double_products(tmp_path: Path) -> None:
+    """The bf16 GEMMs this CPU has (AMX-BF16, vdpbf16ps) within the fp32
+    summation bound of a double product of the same bf16 operands."""
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to build the harness")
+    if not cpu_features().has(*AVX512_VNNI_FLAGS):
+        pytest.skip("the harness's kernels need AVX-512 (+ VNNI for the int8 part)")
+    env = {**os.environ, "BUILD_DIR": str(tmp_path), "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run(["bash", str(HARNESS)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "0 beyond the bound" in proc.stdout
 
 
 def test_row_threshold_matches_the_op() -> None:

@@ -83,11 +83,17 @@ namespace fdx86 {
 // kDense16Gemm (bf16 W): vdpbf16ps on x rounded to bf16 (RNE), W packed per
 //   thread into [Kc/2][64][2] panels in scratch:
 //   |out - ref| <= 2^-9 * sum_k |x_k w_k| + fp32 summation.
-// kDense16Auto: the GEMM for bf16 weights with M >= kDense16GemmMinRows
-//   where the CPU has avx512_bf16, else the stream kernel.
+// kDense16Amx (bf16 W; kernels_amx_bf16.cc): the same numerics on AMX-BF16
+//   tiles (tdpbf16ps), W packed per thread a 64-output panel (all of K) at a
+//   time; agrees with kDense16Gemm to fp32 summation order.
+// kDense16Auto: for bf16 weights with M >= kDense16GemmMinRows the AMX GEMM
+//   where amx_bf16_enabled() (a W of >= kDense16AmxWideElems elements only
+//   from kDense16AmxWideRows rows), else the avx512_bf16 GEMM where the CPU has it,
+//   else the stream kernel.
 constexpr int kDense16Bf16 = 0, kDense16Fp16 = 1;  // Dense16Args::wtype
-constexpr int kDense16Auto = 0, kDense16Stream = 1, kDense16Gemm = 2;  // Dense16Args::kernel
+constexpr int kDense16Auto = 0, kDense16Stream = 1, kDense16Gemm = 2, kDense16Amx = 3;  // Dense16Args::kernel
 constexpr int64_t kDense16GemmMinRows = 16;
+constexpr int64_t kDense16AmxWideRows = 32, kDense16AmxWideElems = int64_t(1) << 26;
 
 struct Dense16Args {
   int64_t M = 0, N = 0, K = 0;
@@ -106,5 +112,12 @@ struct Dense16Args {
 void dense16_linear_avx512(const Dense16Args& a);
 bool dense16_has_bf16_dot();       // avx512_bf16 on this CPU
 int dense16_kernel(const Dense16Args& a);  // the kernel a call would run (kernel resolved)
+// AMX-BF16 GEMM; false (nothing written) when its scratch cannot be allocated.
+// Only where amx_bf16_available().
+bool dense16_gemm_amx(const Dense16Args& a);
+// AMX-TILE + AMX-BF16 + AVX-512 BF16 on this CPU and tile data granted by the OS
+bool amx_bf16_available();
+// amx_bf16_available() and FD_X86_AMX not "0" (read once per process)
+bool amx_bf16_enabled();
 
 }  // namespace fdx86
