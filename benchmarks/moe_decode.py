@@ -6,11 +6,14 @@ layers (1 dense + 3 MoE), 16 experts top-4, expert width 768, 1 shared
 expert, 16 heads x 64 (2 KV heads); generated once under ``checkpoints/``.
 For each ``--quantization`` (wint8 / wint4: experts int4, the rest int8)
 it builds one runner, prefills B prompts, then alternates timed runs of
-decode steps with ``FD_X86_MOE_NATIVE=0`` (the per-expert path:
-``fd_core.ops.moe.grouped_experts`` over the contract-layout linears) and
-``=1`` (``fd_x86_moe_experts``: one op per MoE layer). Each number is the
-median (and the fastest) of ``--repeats`` runs of ``--steps`` steps;
-the two paths' runs alternate, so load from other processes falls on both.
+decode steps over three paths: ``FD_X86_MOE_NATIVE=0`` (the per-expert
+path: ``fd_core.ops.moe.grouped_experts`` over the contract-layout
+linears), ``FD_X86_MOE_LAYER=0`` (the native ops: router linear,
+``fd_x86_moe_select``, ``fd_x86_moe_experts_shared``: three calls per MoE
+layer) and the default (``fd_x86_moe_layer``: one call per MoE layer, the
+routing inside). Each number is the median (and the fastest) of
+``--repeats`` runs of ``--steps`` steps; the paths' runs alternate, so load
+from other processes falls on all of them.
 
 ``--profile`` times, per step, every backend op call (router linear,
 routing, experts, shared-expert and attention linears, norms, attention)
@@ -19,6 +22,12 @@ gathers and scatters around them.
 
     python benchmarks/moe_decode.py                       # wint8 wint4, B = 1 8
     python benchmarks/moe_decode.py --quantization wint4 --batch 1 --profile
+    python benchmarks/moe_decode.py --call-overhead      # per-call cost of one MoE layer, tiny weights
+
+``--call-overhead`` times ``Ops.moe_layer`` at T = 1 on a tiny wint8 layer
+(hidden 128, 16 experts top-4, width 128, 1 shared: the kernels take a few
+us) through the layer op and through the native ops, and the layer op called
+directly with its arguments ready: the difference is Python and dispatch.
 """
 
 from __future__ import annotations
@@ -85,7 +94,8 @@ class Profile:
     def __enter__(self) -> Profile:
         import fd_x86.moe as xmoe
 
-        names = ["linear", "moe_select_experts", "moe_experts", "moe_experts_with_shared", "rms_norm", "silu_and_mul",
+        names = ["linear", "moe_layer", "moe_select_experts", "moe_experts", "moe_experts_with_shared", "rms_norm",
+                 "silu_and_mul",
                  "decode_attention", "rope_and_write_kv_cache", "write_kv_cache", "rotary_embedding", "decoder_layers"]
         for name in names:
             self._saved[name] = getattr(self.ops, name)
@@ -123,26 +133,27 @@ def run(args: argparse.Namespace) -> None:
             b = Batch(runner, batch, args.prompt_len, max_len, first, __import__("numpy").random.default_rng(0))
             first += batch * blocks
             b.prefill()
-            times: dict[str, list[float]] = {"0": [], "1": []}
-            for mode in ("0", "1"):  # warm both paths
-                os.environ["FD_X86_MOE_NATIVE"] = mode
+            times: dict[str, list[float]] = {mode: [] for mode in MODES}
+            for mode in MODES:  # warm every path
+                _set_mode(mode)
                 b.time_decode(2)
             for _ in range(args.repeats):
-                for mode in ("0", "1"):
-                    os.environ["FD_X86_MOE_NATIVE"] = mode
+                for mode in MODES:
+                    _set_mode(mode)
                     times[mode].append(b.time_decode(args.steps))
-            old, new = statistics.median(times["0"]), statistics.median(times["1"])
-            best_old, best_new = min(times["0"]), min(times["1"])
-            print(f"{method:6s} B={batch:<3d} per-expert path {old:7.2f} ms/step ({batch * 1e3 / old:6.1f} tok/s)  "
-                  f"native op {new:7.2f} ms/step ({batch * 1e3 / new:6.1f} tok/s)  {old / new:.2f}x   "
-                  f"(fastest runs: {best_old:.2f} / {best_new:.2f} ms, {best_old / best_new:.2f}x)", flush=True)
+            med = {mode: statistics.median(t) for mode, t in times.items()}
+            best = {mode: min(t) for mode, t in times.items()}
+            print(f"{method:6s} B={batch:<3d} " + "  ".join(
+                f"{MODES[m]} {med[m]:6.2f} ms/step ({batch * 1e3 / med[m]:6.1f} tok/s)" for m in MODES), flush=True)
+            print(f"           layer op vs native ops {med['ops'] / med['layer']:.2f}x (fastest runs "
+                  f"{best['ops'] / best['layer']:.2f}x), vs per-expert path {med['0'] / med['layer']:.2f}x "
+                  f"(fastest {best['0'] / best['layer']:.2f}x)", flush=True)
             if args.profile:
-                for mode in ("0", "1"):
-                    os.environ["FD_X86_MOE_NATIVE"] = mode
+                for mode in MODES:
+                    _set_mode(mode)
                     with Profile(runner.ops, runner.config.hidden_size, runner.config.num_experts) as prof:
                         total = b.time_decode(args.steps)
-                    label = "per-expert path" if mode == "0" else "native op"
-                    print(f"  profile, {label}: {total:.2f} ms/step")
+                    print(f"  profile, {MODES[mode]}: {total:.2f} ms/step")
                     top = sorted((kv for kv in prof.totals.items() if not kv[0].startswith(" ")), key=lambda kv: -kv[1])
                     for name, secs in top:
                         print(f"    {name:38s} {secs / args.steps * 1e3:7.3f} ms")
@@ -151,6 +162,69 @@ def run(args: argparse.Namespace) -> None:
                             print(f"    {'  of which expert kernels':38s} {sub / args.steps * 1e3:7.3f} ms")
                     rest = total - sum(v for k, v in prof.totals.items() if not k.startswith(" ")) / args.steps * 1e3
                     print(f"    {'rest (model Python, embed, sampling-free)':38s} {rest:7.3f} ms")
+        _set_mode("layer")
+
+
+# path -> label: FD_X86_MOE_NATIVE=0, FD_X86_MOE_LAYER=0, both on (the default)
+MODES = {"0": "per-expert path", "ops": "native ops", "layer": "layer op"}
+
+
+def _set_mode(mode: str) -> None:
+    os.environ["FD_X86_MOE_NATIVE"] = "0" if mode == "0" else "1"
+    os.environ["FD_X86_MOE_LAYER"] = "1" if mode == "layer" else "0"
+
+
+def call_overhead() -> None:
+    """us per ``Ops.moe_layer`` call at T = 1 on a tiny wint8 layer (best of 5 x 2000 calls)."""
+    import numpy as np
+    import paddle
+    from fd_x86.build import load_ops
+
+    from fd_core.ops.linear import QuantizedWeight
+    from fd_core.quantization.weights import quantize_weight
+
+    ops = get_backend("x86").ops
+    rng = np.random.default_rng(0)
+    d, inter, experts, k = 128, 128, 16, 4
+
+    def stack(d_in: int, d_out: int) -> QuantizedWeight:
+        qs = [quantize_weight("wint8", paddle.to_tensor(rng.normal(0, 0.1, (d_in, d_out)).astype(np.float32)))
+              for _ in range(experts)]
+        return QuantizedWeight("wint8", paddle.stack([q.qweight for q in qs]), paddle.stack([q.scales for q in qs]),
+                               d_in, d_out, qs[0].group_size)
+
+    def dense(d_in: int, d_out: int) -> Any:
+        return quantize_weight("wint8", paddle.to_tensor(rng.normal(0, 0.1, (d_in, d_out)).astype(np.float32)))
+
+    quant = (stack(d, 2 * inter), stack(inter, d))
+    shared = (dense(d, 2 * inter), dense(inter, d))
+    gate = paddle.to_tensor(rng.normal(0, 0.1, (d, experts)).astype(np.float32))
+    bias = paddle.to_tensor(rng.normal(0, 0.01, experts).astype(np.float32))
+    x = paddle.to_tensor(rng.normal(0, 1, (1, d)).astype(np.float32))
+
+    def call() -> Any:
+        return ops.moe_layer(x, gate, bias, k, True, 1e-12, None, None, quant, *shared)
+
+    def best_us(fn: Any, n: int = 2000) -> float:
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best = min(best, (time.perf_counter() - start) / n)
+        return best * 1e6
+
+    _set_mode("layer")
+    call()
+    entry = quant[0].backend_cache["x86.moe_layer"]  # type: ignore[attr-defined]
+    op = load_ops().fd_x86_moe_layer
+    rows = {"layer op (Ops.moe_layer)": best_us(call),
+            "layer op called directly": best_us(lambda: op(x, *entry[1], k, True, True, 1e-12, *entry[2], 2, 0))}
+    _set_mode("ops")
+    rows["native ops (Ops.moe_layer, FD_X86_MOE_LAYER=0)"] = best_us(call)
+    _set_mode("layer")
+    for name, us in rows.items():
+        print(f"{name:48s} {us:7.1f} us per MoE layer call")
 
 
 def main() -> None:
@@ -161,7 +235,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
-    run(parser.parse_args())
+    parser.add_argument("--call-overhead", action="store_true", help="only the per-call timing on tiny weights")
+    args = parser.parse_args()
+    if args.call_overhead:
+        call_overhead()
+    else:
+        run(args)
 
 
 if __name__ == "__main__":

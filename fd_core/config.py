@@ -25,6 +25,7 @@ __all__ = ["EngineArgs", "UnsupportedFeatureError", "host_available_bytes", "hos
 GIB = 1 << 30
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # --dtype
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "int8", "fp8")  # --kv-cache-dtype
+GUIDED_DECODING_BACKENDS = ("auto", "llguidance", "xgrammar", "off")  # --guided-decoding-backend
 SWAP_FRACTION = 0.5  # --swap-space may take at most this share of the host memory available
 # the CPU backends' KV pool takes at most this share of the host memory left after the weights
 # (and at most --gpu-memory-utilization of it): host memory is shared with the API processes,
@@ -80,6 +81,9 @@ class EngineArgs:
     # --kv-cache-dtype: the KV cache's dtype; "auto" follows the model's compute dtype. FastDeploy's
     # form, quantization={"kv_cache_quant_type": ...}, sets it too (int8, float8_e4m3fn, block_wise_fp8)
     kv_cache_dtype: str = "auto"
+    # structured output: the grammar engine (auto = llguidance; off refuses constrained requests)
+    guided_decoding_backend: str = "auto"
+    guided_decoding_disable_any_whitespace: bool = False  # JSON constraints allow no free whitespace
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -153,6 +157,12 @@ class EngineArgs:
                 or not all(isinstance(x, str) and x for x in self.logits_processors)):
             raise ValueError(f"--logits-processors must be a list of class paths (module:Class), "
                              f"got {self.logits_processors!r}")
+        if self.guided_decoding_backend not in GUIDED_DECODING_BACKENDS:
+            raise ValueError(f"--guided-decoding-backend must be one of {', '.join(GUIDED_DECODING_BACKENDS)}, "
+                             f"got {self.guided_decoding_backend!r}")
+        if not isinstance(self.guided_decoding_disable_any_whitespace, bool):
+            raise ValueError("--guided-decoding-disable-any-whitespace must be true or false, got "
+                             f"{self.guided_decoding_disable_any_whitespace!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -162,11 +172,8 @@ class EngineArgs:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.swap_space < 0:
             raise ValueError(f"--swap-space must be >= 0 GiB, got {self.swap_space}")
-        if self.tensor_parallel_size != 1:
-            raise UnsupportedFeatureError(
-                f"--tensor-parallel-size {self.tensor_parallel_size}: tensor parallelism is not "
-                "implemented yet (issue 17); use 1"
-            )
+        # --tensor-parallel-size N > 1 runs N ranks (fd_core.parallel); whether N splits the model's
+        # heads, KV heads, vocabulary and intermediate sizes is checked against its config at engine start
         parse_quantization(self.quantization, lm_head_fp32=self.lm_head_fp32)  # raises naming an unknown or unimplemented method
         quant_kv = kv_cache_dtype_from_quantization(self.quantization)
         if self.kv_cache_dtype != "auto" and quant_kv and quant_kv != self.kv_cache_dtype:

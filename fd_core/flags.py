@@ -98,7 +98,8 @@ PORTS = "internal ports: fd-core's API and engine processes talk over ZeroMQ IPC
 V0_SCHEDULER = ("a knob of FastDeploy's v0 block scheduler; fd-core's token-budget scheduler allocates "
                 "blocks as a sequence grows")
 SPLITWISE_ONLY = "only used with --splitwise-role prefill/decode (disaggregation, issue 18)"
-GLOBAL_ONLY = "only used by --scheduler-name global/splitwise (the Redis scheduler, issue 18)"
+SPLITWISE_SCHEDULER = ("only used by --scheduler-name splitwise (prefill/decode disaggregation, issue 18 "
+                       "item 2); --scheduler-name global does not need it")
 MM = "multimodal input (ERNIE-4.5-VL)"
 PAR = "parallelism beyond one device"
 
@@ -111,12 +112,17 @@ _IMPLEMENTED_ENGINE = [
     "--num-gpu-blocks-override", "--max-num-batched-tokens", "--gpu-memory-utilization", "--swap-space",
     "--enable-prefix-caching", "--enable-chunked-prefill", "--max-num-partial-prefills",
     "--max-long-partial-prefills", "--long-prefill-token-threshold", "--max-logprobs",
-    "--speculative-config", "--use-cudagraph",
+    "--speculative-config", "--use-cudagraph", "--guided-decoding-backend",
+    "--guided-decoding-disable-any-whitespace",
 ]
 _IMPLEMENTED_SERVER = [
     "--port", "--host", "--workers", "--metrics-port", "--max-waiting-time", "--max-concurrency",
     "--timeout-graceful-shutdown", "--api-key", "--reasoning-parser", "--tool-call-parser",
     "--tool-parser-plugin",
+    # the global scheduler (fd_core.cluster)
+    "--scheduler-name", "--scheduler-host", "--scheduler-port", "--scheduler-db", "--scheduler-password",
+    "--scheduler-topic", "--scheduler-ttl", "--scheduler-min-load-score", "--scheduler-load-shards-num",
+    "--scheduler-expire-period",
 ]
 
 FLAGS: list[Flag] = [
@@ -149,11 +155,9 @@ FLAGS: list[Flag] = [
     _nf("--enable-overlap-schedule", "the engine does not overlap scheduling with the forward pass yet; "
         "steps run one after another", type=BOOL),
     _nf("--local-data-parallel-id", "one data-parallel rank only (parallelism: issue 17)", type=int),
-    *(_nf(f"--scheduler-{n}", GLOBAL_ONLY, type=t) for n, t in [
-        ("ttl", int), ("host", str), ("port", int), ("db", int), ("password", str), ("topic", str),
-        ("min-load-score", float), ("load-shards-num", int), ("sync-period", int), ("expire-period", int),
-        ("release-load-expire-period", int), ("reader-parallel", int), ("writer-parallel", int),
-        ("reader-batch-size", int), ("writer-batch-size", int)]),
+    *(_nf(f"--scheduler-{n}", SPLITWISE_SCHEDULER, type=int) for n in [
+        "sync-period", "release-load-expire-period", "reader-parallel", "writer-parallel",
+        "reader-batch-size", "writer-batch-size"]),
     # -- features later issues build ------------------------------------------------
     _ny("--data-parallel-size", "data parallelism", 17, neutral=(None, 1), type=int),
     _ny("--enable-expert-parallel", "expert parallelism", 17, type=BOOL),
@@ -164,11 +168,7 @@ FLAGS: list[Flag] = [
     _ny("--splitwise-role", "prefill/decode disaggregation", 18, neutral=(None, "mixed")),
     _ny("--innode-prefill-ports", "prefill/decode disaggregation", 18),
     _ny("--router", "the router in front of several instances", 18),
-    _ny("--scheduler-name", "the Redis-backed global scheduler", 18, neutral=(None, "local")),
     _ny("--kvcache-storage-backend", "a KV-cache storage backend", 18),
-    _ny("--guided-decoding-backend", "structured output", 19, neutral=(None, "off")),
-    _ny("--guided-decoding-disable-any-whitespace", "structured output", 19,
-        neutral=(None, False, "false", "False", "0"), nargs="?", extra={"const": "true"}),
     _ny("--enable-mm", MM, 21, type=BOOL),
     _ny("--limit-mm-per-prompt", MM, 21, type=parse_json_or_str),
     _ny("--mm-processor-kwargs", MM, 21, type=parse_json_or_str),

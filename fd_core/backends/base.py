@@ -69,7 +69,9 @@ class Ops:
         self._fd_moe_select_experts = resolve(hooks.fd_moe_select_experts)
         self._fd_moe_experts = resolve(hooks.fd_moe_experts)
         self._fd_moe_layer_experts = resolve(hooks.fd_moe_layer_experts)
+        self._fd_moe_layer = resolve(hooks.fd_moe_layer)
         self._fd_sample = resolve(hooks.fd_sample)
+        self._fd_apply_token_bitmask = resolve(hooks.fd_apply_token_bitmask)
         self._fd_communicator = resolve(hooks.fd_communicator)
         # no plugin fuses layers (the reference alone): skip the hook call per layer
         self._fuses_layers = fuse_layers and bool(hooks.fd_decoder_layers.get_hookimpls())
@@ -277,6 +279,40 @@ class Ops:
         out = self.moe_experts(x, topk_weights, topk_ids, up_gate_weights, down_weights, quant)
         return out + apply_linear(self, self.silu_and_mul(apply_linear(self, x, shared_up_gate)), shared_down)
 
+    def moe_layer(
+        self,
+        x: Tensor,
+        gate: Tensor,
+        correction_bias: Tensor | None,
+        top_k: int,
+        renormalize: bool,
+        norm_min: float,
+        up_gate_weights: Tensor | None,
+        down_weights: Tensor | None,
+        quant: Any,
+        shared_up_gate: Any = None,
+        shared_down: Any = None,
+    ) -> Tensor:
+        """A MoE layer after its norm: router ``gate [D, E]``, routing, routed
+        experts and the shared expert when given (both None: none). The
+        backend's fused kernel when it answers, else the router linear,
+        ``moe_select_experts`` and ``moe_experts_with_shared`` /
+        ``moe_experts`` (see the hookspec)."""
+        fused = self._fd_moe_layer(
+            x=x, gate=gate, correction_bias=correction_bias, top_k=top_k, renormalize=renormalize,
+            norm_min=norm_min, up_gate_weights=up_gate_weights, down_weights=down_weights, quant=quant,
+            shared_up_gate=shared_up_gate, shared_down=shared_down,
+        )
+        if fused is not None:
+            return fused  # type: ignore[no-any-return]
+        router_logits = self.linear(x.astype("float32"), gate)
+        weights, ids = self.moe_select_experts(router_logits, top_k, correction_bias, renormalize, norm_min)
+        if shared_up_gate is None and shared_down is None:
+            return self.moe_experts(x, weights, ids, up_gate_weights, down_weights, quant)
+        return self.moe_experts_with_shared(
+            x, weights, ids, up_gate_weights, down_weights, quant, shared_up_gate, shared_down,
+        )
+
     def sample(
         self,
         logits: Tensor,
@@ -294,6 +330,13 @@ class Ops:
                 min_p=min_p, uniforms=uniforms, method=method,
             ),
             method,
+        )
+
+    def apply_token_bitmask(self, logits: Tensor, bitmask: Any, rows: list[int]) -> Tensor:
+        """``logits`` with the tokens ``bitmask [M, W]`` (int32 numpy) clears set to
+        -inf in rows ``rows``; see the hookspec ``fd_apply_token_bitmask``."""
+        return self._answer(
+            "apply_token_bitmask", self._fd_apply_token_bitmask(logits=logits, bitmask=bitmask, rows=rows)
         )
 
     def communicator(self, world_size: int, rank: int, group: Any = None) -> Communicator:

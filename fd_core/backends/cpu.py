@@ -223,6 +223,13 @@ def fd_moe_experts(
 
 
 @impl
+def fd_apply_token_bitmask(logits: Tensor, bitmask: Any, rows: list[int]) -> Tensor | None:
+    from fd_core.ops.token_bitmask import reference_apply_token_bitmask
+
+    return reference_apply_token_bitmask(logits, bitmask, rows)
+
+
+@impl
 def fd_sample(
     logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, uniforms: Tensor,
     method: str,

@@ -14,6 +14,7 @@ from typing import Any
 from fd_core.backends import get_backend
 from fd_core.config import EngineArgs, host_available_bytes, host_swap_blocks, kv_cache_blocks
 from fd_core.engine.config import CacheConfig, SchedulerConfig
+from fd_core.engine.guided import failed_output, finish_status, structured_outputs
 from fd_core.engine.model_runner import ModelRunner, StepInput
 from fd_core.engine.outputs import EngineCoreOutput, Logprob, PositionLogprobs
 from fd_core.engine.request import EngineCoreRequest, Request, RequestStatus
@@ -21,6 +22,7 @@ from fd_core.engine.request_setup import default_seed, thinking_tokens
 from fd_core.engine.scheduler import Scheduler
 from fd_core.model_loader import resolve_model_path
 from fd_core.models.config import load_config
+from fd_core.parallel.driver import make_runner
 from fd_core.quantization.config import (
     check_backend_supports,
     parse_quantization,
@@ -96,13 +98,13 @@ class EngineCore:
         resolve_kv_cache_dtype(args.kv_cache_dtype, args.quantization, self.backend.name, kv_dtypes)
         self.backend.set_device(0)
         # load the weights first, then size the KV cache from the memory they left
-        self.runner = ModelRunner(
-            self.model_dir, self.backend, block_size=args.block_size, max_model_len=args.max_model_len,
-            quantization=self.quantization, dtype=args.dtype,
+        self.runner = make_runner(  # a ModelRunner, or rank 0 of --tensor-parallel-size ranks
+            ModelRunner, self.model_dir, self.backend, args.tensor_parallel_size, block_size=args.block_size,
+            max_model_len=args.max_model_len, quantization=self.quantization, dtype=args.dtype,
         )
         kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, args.quantization, self.backend.name, kv_dtypes,
                                           self.runner.dtype)
-        per_block = ModelRunner.kv_bytes_per_block(model_config, args.block_size, kv_dtype)
+        per_block = self.runner.kv_bytes_per_block(model_config, args.block_size, kv_dtype)  # per rank
         memory = self.backend.memory(0)  # what the loaded weights left
         # on an accelerator the warm-up is the largest step the scheduler can issue, on a one-block
         # pool; its peak (activations, logits, attention workspaces) stays free beside the pool sized
@@ -137,10 +139,13 @@ class EngineCore:
             self.runner.warmup()
         self.sampler = Sampler(self.backend.ops, model_config.vocab_size,
                                logits_processors=processors, early_stop=early_stop)
+        self.structured = structured_outputs(args, args.tokenizer or self.model_dir, model_config.vocab_size,
+                                             model_config.eos_token_ids, self.thinking)
         self._num_unseeded = 0  # unseeded requests so far: k of default_seed(args.seed, k)
         self._states: dict[str, SamplingState] = {}
         self._prompt_logprobs: dict[str, list[PositionLogprobs | None]] = {}
         self._pending: list[EngineCoreOutput] = []  # outputs produced outside a step (aborts)
+        self._mm_inputs: dict[str, Any] = {}  # request id -> its MultiModalInputs (prompts with images)
         self.last_step = StepStats()
         logger.info(
             "engine ready: backend %s, %d KV blocks of %d tokens (%d tokens, %s, %.2f GiB), %d host blocks",
@@ -176,16 +181,24 @@ class EngineCore:
         if seeded_by_engine:
             assert self.args.seed is not None
             params = params.replace(seed=default_seed(self.args.seed, self._num_unseeded))
+        mm = req.mm_inputs  # images: their hashes key the prefix cache's blocks
         request = Request(
             req.request_id, req.prompt_token_ids, params, req.eos_token_ids,
             arrival_time=req.arrival_time, cache_salt=req.cache_salt,
+            mm_hashes=mm.hashes if mm is not None else (), mm_positions=mm.placeholder_ranges if mm is not None else (),
         )
+        if mm is not None:
+            self._mm_inputs[req.request_id] = mm
         state = SamplingState.create(
             params, req.prompt_token_ids, eos_token_ids=req.eos_token_ids,
             bad_words_token_ids=req.bad_words_token_ids,
             output_token_ids=request.output_token_ids, vocab_size=vocab, thinking=self.thinking,
         )
-        self.scheduler.add_request(request)
+        if params.guided_decoding is None:
+            self.scheduler.add_request(request)
+        else:  # held until its grammar compiled (GrammarError, a ValueError, for a bad one)
+            self.structured.add(req.request_id, params.guided_decoding, request, request.output_token_ids,
+                                req.prompt_token_ids, state.reasoning)
         self._states[req.request_id] = state
         if seeded_by_engine:
             self._num_unseeded += 1
@@ -195,19 +208,29 @@ class EngineCore:
         """Finish requests now (client abort, or a stop string found outside)."""
         for req in self.scheduler.finish_requests(request_ids, reason, stop_reason):
             self._drop(req.request_id)
+        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+            self._drop(rid)  # held for its grammar: not in the scheduler yet
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self.structured.has_held()
 
     def _drop(self, request_id: str) -> None:
+        self.structured.drop(request_id)
         self._states.pop(request_id, None)
         self._prompt_logprobs.pop(request_id, None)
+        self._mm_inputs.pop(request_id, None)
 
     # -------------------------------------------------------------- step
 
     def step(self) -> list[EngineCoreOutput]:
         """Schedule, run the forward, sample, update; returns new tokens."""
         start = time.perf_counter()
+        ready, failed = self.structured.admit(0.0 if self.scheduler.has_unfinished_requests() else 0.005)
+        for request in ready:
+            self.scheduler.add_request(request)
+        for request, error in failed:
+            self._pending.append(failed_output(request, error))
+            self._drop(request.request_id)
         out = self.scheduler.schedule()
         stats = StepStats()
         if out.swap_out or out.swap_in:
@@ -215,6 +238,7 @@ class EngineCore:
         sampled: dict[str, list[int]] = {}
         new_logprobs: dict[str, PositionLogprobs] = {}
         early_stopped: set[str] = set()
+        grammar_ended: dict[str, str | None] = {}
         scheduled = out.scheduled
         if scheduled:
             wants_prompt = [self._wants_prompt_logprobs(s) for s in scheduled]
@@ -225,6 +249,7 @@ class EngineCore:
                 num_decodes=out.num_decodes,
                 needs_logits=[s.samples for s in scheduled],
                 all_logits=wants_prompt,
+                mm_inputs=[self._mm_inputs.get(s.request_id) for s in scheduled] if self._mm_inputs else [],
             )
             logits = self.runner.execute(step)  # None when no request needs logits
             stats.forward_seconds = time.perf_counter() - start
@@ -243,9 +268,12 @@ class EngineCore:
             if states and logits is not None:
                 t0 = time.perf_counter()
                 sample_logits = logits if len(rows) == int(logits.shape[0]) else logits[rows]
-                result = self.sampler.sample(sample_logits, states)
-                stats.sample_seconds = time.perf_counter() - t0
                 ids = [s.request_id for s in scheduled if s.samples]
+                mask = self.structured.bitmask(ids)
+                result = self.sampler.sample(sample_logits, states, mask)
+                if mask is not None:
+                    grammar_ended = self.structured.accept(ids, result.sampled_token_ids)
+                stats.sample_seconds = time.perf_counter() - t0
                 for rid, tok, lp in zip(ids, result.sampled_token_ids, result.logprobs):
                     sampled[rid] = [tok]
                     if lp is not None:
@@ -262,6 +290,9 @@ class EngineCore:
             if rid in early_stopped and not finished:
                 # repetition early stop: the token is kept, the request ends as "stop"
                 self.scheduler.finish_requests(rid, RequestStatus.FINISHED_STOPPED)
+                finished = True
+            if rid in grammar_ended and not finished:  # grammar complete (stop) or a token it refused
+                self.scheduler.finish_requests(rid, finish_status(grammar_ended[rid]), grammar_ended[rid])
                 finished = True
             events = {"scheduled": now}
             output = EngineCoreOutput(

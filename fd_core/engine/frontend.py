@@ -82,11 +82,12 @@ class Frontend:
             raise ValueError(f"bad_words and bad_words_token_ids come to {total} tokens; at most "
                              f"{MAX_BAD_WORDS_TOKENS} are allowed")
         child_ids = self.processor.add_request(request_id, text, token_ids, params, arrival_time)
+        mm_inputs = prompt.get("mm_inputs") if isinstance(prompt, dict) else None  # built by the LLM / server
         return [
             EngineCoreRequest(
                 child_id, token_ids,
                 params.replace(n=1, seed=None if params.seed is None else params.seed + i),
-                self.eos_token_ids, bad_words, arrival_time,
+                self.eos_token_ids, bad_words, arrival_time, mm_inputs=mm_inputs,
             )
             for i, child_id in enumerate(child_ids)
         ]

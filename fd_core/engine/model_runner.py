@@ -23,9 +23,11 @@ from fd_core.model_loader.dtypes import checkpoint_dtype, resolve_weight_dtype
 from fd_core.model_loader.loader import load_model, supported_weight_dtypes
 from fd_core.models import registry
 from fd_core.models.config import load_config
+from fd_core.multimodal.encoder_cache import EncoderCache
 from fd_core.ops._host import plug_tensor_init_leak
 from fd_core.ops.attention import AttentionMetadata
 from fd_core.ops.kv_dtype import KV_DTYPES, bytes_per_token_head
+from fd_core.parallel.config import local_kv_heads
 
 __all__ = ["ModelRunner", "StepInput"]
 
@@ -47,6 +49,8 @@ class StepInput:
     # request -> return logits for every new token (prompt logprobs); its rows
     # come in order and include the last one
     all_logits: list[bool] = field(default_factory=list)
+    # request -> its fd_core.multimodal.MultiModalInputs or None (empty: no request has images)
+    mm_inputs: list[Any] = field(default_factory=list)
 
     @property
     def num_reqs(self) -> int:
@@ -68,6 +72,7 @@ class ModelRunner:
         quantization: Any = None,
         dtype: str = "auto",
         kv_cache_dtype: str = "float32",
+        tensor_parallel: Any = None,
     ) -> None:
         """Load the model. ``num_blocks``: allocate the KV cache now; None leaves it
         to ``allocate_kv_cache`` (the engine sizes it from the memory the weights
@@ -75,7 +80,9 @@ class ModelRunner:
         ``dtype``: ``--dtype`` (auto, float32, float16, bfloat16), resolved by
         ``fd_core.model_loader.dtypes.resolve_weight_dtype`` into ``self.dtype``.
         ``kv_cache_dtype``: the KV pool's dtype, resolved (no "auto"): one of
-        ``fd_core.ops.kv_dtype.KV_DTYPES``."""
+        ``fd_core.ops.kv_dtype.KV_DTYPES``. ``tensor_parallel``: this rank's
+        ``fd_core.parallel.tensor_parallel.TensorParallel`` (None: one device); the
+        runner then loads the rank's shard and its KV pools hold the rank's KV heads."""
         if kv_cache_dtype not in KV_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_cache_dtype!r}")
         self.kv_cache_dtype = kv_cache_dtype
@@ -97,9 +104,14 @@ class ModelRunner:
         if dtype == "auto" and self.dtype not in supported_weight_dtypes(registry.resolve(self.config.architecture)):
             self.dtype = "float32"  # a model that declares no 16-bit forward
         logger.info("weights: --dtype %s -> %s (checkpoint %s, backend %s)", dtype, self.dtype, stored, backend.name)
-        self.model = load_model(model_dir, self.ops, self.max_model_len, self.config, quantization, self.dtype)
+        self.tensor_parallel = tensor_parallel
+        world = tensor_parallel.world if tensor_parallel is not None else 1
+        self.num_kv_heads = local_kv_heads(self.config.num_kv_heads, world)  # KV heads in this rank's pools
+        self.model = load_model(model_dir, self.ops, self.max_model_len, self.config, quantization, self.dtype,
+                                transform=tensor_parallel)
         # bytes the loaded weights hold (quantized: codes + scales), for benchmarks and logs
         self.weight_bytes: int = weight_bytes(self.model)
+        self.encoder_cache = EncoderCache()  # image hash -> vision features (multimodal models)
         self.num_blocks = 0
         self.kv_caches: list[KVCache] = []
         self.host_caches: list[KVCache] = []
@@ -118,13 +130,13 @@ class ModelRunner:
         self.num_blocks = num_blocks
         dtype = self.kv_cache_dtype
         self.kv_caches = [
-            KVCache(*self.ops.allocate_kv_cache(num_blocks, self.block_size, c.num_kv_heads, c.head_dim, dtype),
+            KVCache(*self.ops.allocate_kv_cache(num_blocks, self.block_size, self.num_kv_heads, c.head_dim, dtype),
                     dtype)
             for _ in range(c.num_layers)
         ]
         self.host_caches = [
             KVCache(*self.ops.allocate_kv_cache(
-                num_host_blocks, self.block_size, c.num_kv_heads, c.head_dim, dtype, location="host"), dtype)
+                num_host_blocks, self.block_size, self.num_kv_heads, c.head_dim, dtype, location="host"), dtype)
             for _ in range(c.num_layers)
         ] if num_host_blocks else []
 
@@ -169,13 +181,16 @@ class ModelRunner:
                 self.ops.copy_kv_blocks(src.v, dst.v, src_ids, dst_ids, self.block_size)
 
     @staticmethod
-    def kv_bytes_per_block(config: Any, block_size: int, kv_cache_dtype: str = "float32") -> int:
+    def kv_bytes_per_block(config: Any, block_size: int, kv_cache_dtype: str = "float32",
+                           num_kv_heads: int | None = None) -> int:
         """Bytes one KV block takes across all layers (K and V), in the
         reference layout of ``kv_cache_dtype``: int8 / fp8 count their fp32
         scale per token and KV head (head_dim 128: 132 bytes against fp32's
-        512, 3.88x the blocks; head_dim 16: 20 against 64, 3.2x)."""
+        512, 3.88x the blocks; head_dim 16: 20 against 64, 3.2x).
+        ``num_kv_heads``: the heads a rank's pool holds (default: the model's)."""
         per_head = bytes_per_token_head(kv_cache_dtype, config.head_dim)
-        return 2 * config.num_layers * block_size * config.num_kv_heads * per_head
+        heads = config.num_kv_heads if num_kv_heads is None else num_kv_heads
+        return 2 * config.num_layers * block_size * heads * per_head
 
     def execute(self, step: StepInput) -> Any:
         """Run the step; returns logits ``[N, V]`` (fp32 paddle tensor), in
@@ -205,8 +220,14 @@ class ModelRunner:
             logits_rows = (ends - 1)[np.asarray(needs, dtype=bool)]
         # every row in order (a decode-only step): no gather of the hidden states
         whole = len(logits_rows) == len(flat) and bool((logits_rows == np.arange(len(flat))).all())
+        extra: dict[str, Any] = {}
+        if getattr(self.model, "is_multimodal", False):  # 3D positions, image features (fd_core.multimodal.step)
+            from fd_core.multimodal.step import build_step
+
+            extra["mm"] = build_step(self.model, step.token_ids, step.seq_lens,
+                                     step.mm_inputs or [None] * step.num_reqs, self.encoder_cache)
         with paddle.no_grad():
             return self.model.forward(
                 paddle.to_tensor(flat), meta, self.kv_caches,
-                None if whole else paddle.to_tensor(logits_rows.astype(np.int64)),
+                None if whole else paddle.to_tensor(logits_rows.astype(np.int64)), **extra,
             )

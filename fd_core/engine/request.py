@@ -11,7 +11,7 @@ import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from fd_core.sampling.params import SamplingParams
@@ -31,6 +31,7 @@ class EngineCoreRequest:
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
     arrival_time: float | None = None
     cache_salt: str | None = None
+    mm_inputs: Any = None  # fd_core.multimodal.MultiModalInputs of a prompt with images
 
 
 class SamplingLike(Protocol):

@@ -113,9 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     a("--early-stop-config", type=_json_or_str, default=None,
       help='e.g. \'{"window_size": 3000, "threshold": 0.99}\'')
     a("--logits-processors", nargs="+", default=None, help="logits processor classes (module:Class)")
+    a("--guided-decoding-backend", default="auto", choices=["auto", "llguidance", "xgrammar", "off"],
+      help="structured output's grammar engine (auto: llguidance; xgrammar needs torch; off: refuse "
+           "response_format / guided_* requests)")
+    a("--guided-decoding-disable-any-whitespace", type=_bool, nargs="?", const=True, default=False,
+      help="JSON constraints allow no whitespace between tokens (compact JSON)")
     a("--disable-log-requests", action="store_true", help="no INFO line per request")
     a("--disable-fastapi-docs", action="store_true",
       help="serve no /docs, /redoc, /openapi.json (with --api-key they need the key)")
+    _add_scheduler_flags(a)
     for flag in FLAGS:
         if flag.kind in ("engine", "server"):
             continue
@@ -133,6 +139,25 @@ def build_parser() -> argparse.ArgumentParser:
         a(f"--no-{name}", dest=name.replace("-", "_"), action="store_false", default=argparse.SUPPRESS,
           help=f"(FastDeploy) see --{name}")
     return p
+
+
+def _add_scheduler_flags(a: Any) -> None:
+    """FastDeploy's scheduler flags (fd_core.cluster; defaults there, FastDeploy's)."""
+    a("--scheduler-name", default=None, choices=["local", "global", "splitwise"],
+      help="local (default): this instance alone; global: instances of one --scheduler-topic share work "
+           "through Redis (idle ones steal queued requests); splitwise: issue 18 item 2, not yet")
+    a("--scheduler-host", default=None, help="global: the Redis server's host (default 127.0.0.1)")
+    a("--scheduler-port", type=int, default=None, help="global: the Redis server's port (default 6379)")
+    a("--scheduler-db", type=int, default=None, help="global: the Redis database index (default 0)")
+    a("--scheduler-password", default=None, help="global: the Redis password (default none)")
+    a("--scheduler-topic", default=None, help="global: only instances of one topic share work (default 'default')")
+    a("--scheduler-ttl", type=int, default=None, help="global: seconds a request may live in Redis (default 900)")
+    a("--scheduler-min-load-score", type=float, default=None,
+      help="global: an idle instance steals only from a queue holding at least this many requests (default 3)")
+    a("--scheduler-load-shards-num", type=int, default=None,
+      help="global: shards of the instance load table in Redis (default 1)")
+    a("--scheduler-expire-period", type=int, default=None,
+      help="global: milliseconds without a heartbeat after which an instance is gone (default 3000)")
 
 
 def _argparse_type(parse: Any) -> Any:
@@ -209,6 +234,8 @@ def engine_args_from(ns: argparse.Namespace) -> Any:
         logits_processors=ns.logits_processors,
         dtype=ns.dtype,
         kv_cache_dtype=ns.kv_cache_dtype,
+        guided_decoding_backend=ns.guided_decoding_backend,
+        guided_decoding_disable_any_whitespace=ns.guided_decoding_disable_any_whitespace,
     )
 
 

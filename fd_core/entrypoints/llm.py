@@ -36,6 +36,7 @@ from fd_core.entrypoints.llm_inputs import (
 )
 from fd_core.entrypoints.openai.chat_parsing import resolve_parser
 from fd_core.logging_setup import setup_logging
+from fd_core.multimodal.prompt import MultiModalPrompts, split_chat_images
 from fd_core.sampling.params import SamplingParams
 
 __all__ = ["LLM"]
@@ -73,6 +74,7 @@ class LLM:
         self.tool_parser = resolve_parser("tool-call", tool_call_parser)
         self.engine = LLMEngine.from_kwargs(model, **engine_args)
         self._ids = itertools.count()
+        self._mm: MultiModalPrompts | None = None  # built on the first prompt with images
 
     @property
     def tokenizer(self) -> Any:
@@ -155,12 +157,14 @@ class LLM:
         if chat_template_content_format not in ("auto", "string", "openai"):
             raise ValueError(f"chat_template_content_format must be 'auto', 'string' or 'openai', "
                              f"got {chat_template_content_format!r}")
+        messages, chat_images = split_chat_images(messages)  # image parts -> ERNIE-VL's markers + images
         conversations = conversations_of(messages)
         params = self._params_for(sampling_params, len(conversations), "conversations")
         tool_list = check_tools(tools)
         kwargs = [template_kwargs_for(chat_template_kwargs, p) for p in params]
         prompts: list[Prompt] = []
         for i, conversation in enumerate(conversations):
+            images = chat_images[i] if i < len(chat_images) else []
             try:
                 text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
                                                           tools=tool_list, chat_template=chat_template, **kwargs[i])
@@ -171,7 +175,8 @@ class LLM:
                 token_ids = self.tokenizer.encode(text)
             except ValueError as exc:  # a lone surrogate in a message
                 raise ValueError(f"conversation {i} (of {len(conversations)}): {exc}") from None
-            prompts.append({"prompt": text, "prompt_token_ids": token_ids})
+            prompts.append({"prompt": text, "prompt_token_ids": token_ids, "multi_modal_data": {"image": images}}
+                           if images else {"prompt": text, "prompt_token_ids": token_ids})
         ids = self._add_all(prompts, params, "conversation")
         parsing = ChatParsing(self.reasoning_parser, self.tool_parser, self.tokenizer, tool_list)
         if stream:
@@ -203,7 +208,10 @@ class LLM:
             for i, (prompt, p) in enumerate(zip(prompts, params)):
                 request_id = str(next(self._ids))
                 try:
-                    check_prompt(prompt)
+                    if MultiModalPrompts.has_images(prompt):  # images: expanded ids + mm_inputs
+                        prompt = self._multimodal().prepare(prompt, self.tokenizer)  # type: ignore[arg-type]
+                    else:
+                        check_prompt(prompt)
                     self.engine.add_request(request_id, prompt, p)
                 except (ValueError, TypeError) as exc:
                     raise indexed(exc, f"{what} {i} (of {len(prompts)})") from exc
@@ -213,6 +221,17 @@ class LLM:
                 self.engine.abort_request(request_id)
             raise
         return ids
+
+    def _multimodal(self) -> MultiModalPrompts:
+        """The image side of prompts, built on first use; ValueError for a text-only model."""
+        if self._mm is None:
+            config = self.engine.core.model_config
+            if getattr(config, "vision", None) is None:
+                raise ValueError(f"this model ({config.architecture}) takes no images (multi_modal_data, "
+                                 "image content parts); send text only or use a multimodal model such as "
+                                 "ERNIE-4.5-VL")
+            self._mm = MultiModalPrompts(self.engine.core.model_dir, config)
+        return self._mm
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}

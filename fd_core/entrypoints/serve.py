@@ -54,6 +54,9 @@ def run_server(ns: argparse.Namespace) -> int:
         envs.check_values()  # a bad FD_* value stops here, naming the variable
         engine_args = engine_args_from(ns)
         server_kwargs = server_kwargs_from(ns)
+        from fd_core.cluster import scheduler_config_from
+
+        scheduler = scheduler_config_from(ns)  # --scheduler-name global: fd_core.cluster
         _check_server_args(server_kwargs)
         _check_parsers(ns)
         _check_backend(ns.backend)
@@ -88,8 +91,23 @@ def run_server(ns: argparse.Namespace) -> int:
     except EngineDeadError as exc:
         logger.error("%s", exc)
         return 1
+    if scheduler is not None:
+        from fd_core.cluster.client import GlobalSchedulerClient
+
+        name = f"{socket.gethostname()}:{ns.port}"
+        return _serve_global(GlobalSchedulerClient(client, scheduler, default_name=name), ns, engine_args,
+                             server_kwargs, sockets[0], graceful_timeout)
     try:
         return asyncio.run(_serve_one(client, ns, engine_args, server_kwargs, sockets[0], graceful_timeout))
+    finally:
+        client.close()
+
+
+def _serve_global(client: Any, ns: argparse.Namespace, engine_args: Any, server_kwargs: dict[str, Any],
+                  sockets: list[socket.socket], graceful_timeout: float) -> int:
+    """Serve with --scheduler-name global: the engine client is fd_core.cluster's."""
+    try:
+        return asyncio.run(_serve_one(client, ns, engine_args, server_kwargs, sockets, graceful_timeout))
     finally:
         client.close()
 

@@ -54,15 +54,14 @@ class MoE:
         return (up_gate, down) if isinstance(up_gate, QuantizedWeight) else None
 
     def __call__(self, x: Any) -> Any:
-        router_logits = self.ops.linear(x.astype("float32"), self.gate.data)
+        # router, routing, routed and shared experts: one backend call where it has one
+        # (Ops.moe_layer composes the per-op hooks otherwise, the same numerics)
         bias = self.correction_bias.data if self.correction_bias is not None else None
-        weights, ids = self.ops.moe_select_experts(router_logits, self.top_k, bias, True, self.norm_min)
         quant = self.expert_quant
         up_gate, down = (None, None) if quant is not None else (self.up_gate_proj.data, self.down_proj.data)
         shared = self.shared_experts
-        if shared is None:
-            return self.ops.moe_experts(x, weights, ids, up_gate, down, quant)
-        # routed sum + shared expert, in one backend call where it has one
-        return self.ops.moe_experts_with_shared(
-            x, weights, ids, up_gate, down, quant, shared.up_gate_proj.weight.data, shared.down_proj.weight.data,
+        return self.ops.moe_layer(
+            x, self.gate.data, bias, self.top_k, True, self.norm_min, up_gate, down, quant,
+            shared.up_gate_proj.weight.data if shared is not None else None,
+            shared.down_proj.weight.data if shared is not None else None,
         )

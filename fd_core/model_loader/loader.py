@@ -84,6 +84,8 @@ def _place(target: Any, name: str, array: np.ndarray, src_dtype: str) -> None:
             f"tensor {name!r} has shape {list(array.shape)}, but the config implies "
             f"{list(target.source_shape)}"
         )
+    if target.source_index:  # a slice of the stored tensor (a tensor-parallel rank's part)
+        array = array[target.source_index]
     dst = target.param.dtype
     value = cast_host(array, src_dtype, dst)
     if dst == "float16" and src_dtype != "float16" and not np.isfinite(value).all() \
@@ -139,11 +141,15 @@ def _log_quantized(model: Any, quantization: Any) -> None:
 
 
 def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
-               config: ModelConfig | None = None, quantization: Any = None, dtype: str = "float32") -> Any:
+               config: ModelConfig | None = None, quantization: Any = None, dtype: str = "float32",
+               transform: Any = None) -> Any:
     """Build the model named by ``model_dir/config.json`` and load its weights,
     quantized as ``quantization`` (a ``fd_core.quantization.QuantizationConfig``
     or None) says, the others stored in ``dtype`` (float32, float16 or
-    bfloat16; ``fd_core.model_loader.dtypes`` resolves ``--dtype auto``)."""
+    bfloat16; ``fd_core.model_loader.dtypes`` resolves ``--dtype auto``).
+    ``transform`` (e.g. ``fd_core.parallel.tensor_parallel.TensorParallel``)
+    rewrites the built model before quantization (``apply(model)``) and its
+    checkpoint targets (``shard_targets(model, targets)``)."""
     if dtype not in WEIGHT_DTYPES:
         raise ValueError(f"weight dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {dtype!r}")
     start = time.perf_counter()
@@ -155,6 +161,8 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
             f"--dtype {dtype}: {config.architecture} takes weights in "
             f"{', '.join(supported_weight_dtypes(model_cls))} only; use --dtype float32 (or auto)")
     model = model_cls(config, ops, max_position)
+    if transform is not None:
+        transform.apply(model)
     if quantization is not None:
         if not getattr(model, "quantizable", False):
             raise UnsupportedFeatureError(
@@ -173,6 +181,8 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
     all_names = [n for r in readers for n in r.keys()]
     naming = _detect_naming(all_names)
     targets = model.checkpoint_targets(naming)
+    if transform is not None:
+        targets = transform.shard_targets(model, targets)
     seen: set[str] = set()
     unexpected: list[str] = []
     for reader in readers:
@@ -190,6 +200,8 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
                 _place(target, name, array, src)
                 if target.param.complete and target.param.data is None:
                     target.param.finish()
+            del array
+            reader.release(name)  # its mapped pages leave RssFile: one tensor mapped at a time
         reader.close()
     missing = [n for n in targets if n not in seen]
     if missing:

@@ -10,6 +10,7 @@ by shifting its bits (``get``), or kept as its bits for bf16 storage (``get_raw`
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from pathlib import Path
 
@@ -77,6 +78,21 @@ class SafetensorsFile:
         start, end = entry["data_offsets"]
         raw = self._mmap[self._data_start + start : self._data_start + end]
         return np.asarray(raw.view(_DTYPES[dtype]).reshape(entry["shape"]))
+
+    def release(self, name: str) -> None:
+        """Drop the mapped pages of tensor ``name`` from this process's resident set
+        (``madvise(MADV_DONTNEED)``; they stay in the page cache, and a later read
+        maps them again): the loader calls it once a tensor is placed, so a
+        multi-GB shard never sits in RssFile as a whole while it is read."""
+        mapping = getattr(self._mmap, "_mmap", None)
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if mapping is None or advice is None:
+            return
+        start, end = self.header[name]["data_offsets"]
+        lo = (self._data_start + start) // mmap.PAGESIZE * mmap.PAGESIZE
+        hi = min(len(mapping), -(-(self._data_start + end) // mmap.PAGESIZE) * mmap.PAGESIZE)
+        if hi > lo:
+            mapping.madvise(advice, lo, hi - lo)
 
     def close(self) -> None:
         self._mmap = None

@@ -28,6 +28,8 @@ class ModelRegistry:
             "Ernie4_5_ForCausalLM": "fd_core.models.ernie4_5:Ernie4_5ForCausalLM",
             "Ernie4_5_MoeForCausalLM": "fd_core.models.ernie4_5:Ernie4_5ForCausalLM",
             "Qwen3ForCausalLM": "fd_core.models.qwen3:Qwen3ForCausalLM",
+            "Ernie4_5_VLMoeForConditionalGeneration":
+                "fd_core.models.ernie4_5_vl:Ernie4_5_VLForConditionalGeneration",
         }
         self._plugins_loaded = False
 

@@ -21,11 +21,15 @@ __all__ = ["Target"]
 
 @dataclass(frozen=True)
 class Target:
-    """Where one checkpoint tensor goes: ``param[index] = f(tensor)`` where
-    ``f`` transposes the last two axes when ``transpose`` and then reshapes
-    to the region (e.g. a ``[1, E]`` bias into ``[E]``)."""
+    """Where one checkpoint tensor goes: ``param[index] = f(tensor[source_index])``
+    where ``f`` transposes the last two axes when ``transpose`` and then reshapes
+    to the region (e.g. a ``[1, E]`` bias into ``[E]``). ``source_shape`` is the
+    whole stored tensor's; ``source_index`` (empty: all of it) picks the part this
+    process reads, e.g. a tensor-parallel rank's columns
+    (``fd_core.parallel.tensor_parallel``), read from the memory-mapped file alone."""
 
     param: Param
     source_shape: tuple[int, ...]
     index: tuple[Any, ...] = ()
     transpose: bool = False
+    source_index: tuple[Any, ...] = ()

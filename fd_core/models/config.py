@@ -216,8 +216,15 @@ def qwen3_config_from_dict(raw: dict[str, Any]) -> ModelConfig:
 
 
 ConfigParser = Callable[[dict[str, Any]], ModelConfig]
+def _ernie_vl_config_from_dict(raw: dict[str, Any]) -> ModelConfig:
+    from fd_core.models.ernie4_5_vl_config import vl_config_from_dict  # imports this module
+
+    return vl_config_from_dict(raw)
+
+
 # architecture -> parser; an architecture not listed (after plugins load) is parsed as ERNIE 4.5
-_PARSERS: dict[str, ConfigParser] = {"Qwen3ForCausalLM": qwen3_config_from_dict}
+_PARSERS: dict[str, ConfigParser] = {"Qwen3ForCausalLM": qwen3_config_from_dict,
+                                     "Ernie4_5_VLMoeForConditionalGeneration": _ernie_vl_config_from_dict}
 _ERNIE = ("Ernie4_5ForCausalLM", "Ernie4_5_ForCausalLM", "Ernie4_5_MoeForCausalLM")
 
 

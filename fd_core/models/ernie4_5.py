@@ -48,6 +48,7 @@ class DecoderLayer:
         else:
             self.mlp = GatedMLP(ops, c.hidden_size, c.intermediate_size)
         self.ops = ops
+        self.fused = True  # a dense layer runs as Ops.decoder_layers (off: its blocks one by one)
 
     def weights(self) -> DecoderLayerWeights:
         """A dense layer as ``fd_decoder_layers`` takes it (built per call: a
@@ -68,7 +69,7 @@ class DecoderLayer:
     def __call__(self, h: Any, residual: Any | None, cos_sin: Any, meta: Any, cache: KVCache) -> tuple[Any, Any]:
         """``(hidden, residual)`` in and out (``residual`` None in the first
         layer). The model runs its dense layers in runs (``Ops.decoder_layers``)."""
-        if self.is_dense:
+        if self.is_dense and self.fused:
             return self.ops.decoder_layers([self.weights()], h, residual, cos_sin, meta, [cache.k], [cache.v])
         if residual is None:
             x, residual = self.input_layernorm(h), h
@@ -115,9 +116,20 @@ class Ernie4_5ForCausalLM:
             return
         tie_lm_head(self.lm_head, self.embed_tokens)
 
+    def unfuse_layers(self) -> None:
+        """Run every layer on its own, block by block (tensor parallelism puts a
+        collective between the blocks, which the fused layer op has no room for)."""
+        for layer in self.layers:
+            layer.fused = False
+        self._runs = [(i, i + 1) for i in range(len(self.layers))]
+
+    def embed_ids(self, input_ids: Any) -> Any:
+        """``input_ids [T]`` -> ``[T, D]`` fp32 rows of the embedding table."""
+        return embed(self.embed_tokens.data, input_ids)
+
     def forward(self, input_ids: Any, meta: Any, caches: list[KVCache], logits_indices: Any) -> Any:
         """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]`` (None: every row)."""
-        h = embed(self.embed_tokens.data, input_ids)  # [T, D] fp32
+        h = self.embed_ids(input_ids)  # [T, D] fp32
         residual = None
         for start, end in self._runs:
             if end - start == 1:

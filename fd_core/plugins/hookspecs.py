@@ -361,6 +361,41 @@ def fd_moe_layer_experts(
 
 
 @hookspec(firstresult=True)
+def fd_moe_layer(
+    x: Tensor,
+    gate: Tensor,
+    correction_bias: Tensor | None,
+    top_k: int,
+    renormalize: bool,
+    norm_min: float,
+    up_gate_weights: Tensor | None,
+    down_weights: Tensor | None,
+    quant: Any,
+    shared_up_gate: Any,
+    shared_down: Any,
+) -> Tensor | None:
+    """Optional fusion of a whole MoE layer (after its norm) into one call:
+    routing, routed experts and shared expert.
+
+    Called by MoE layers each step with ``x [T, D]`` and the router
+    ``gate [D, E]`` (fp32). Must equal, in that order: ``router_logits =
+    fd_linear(x as fp32, gate)``; ``fd_moe_select_experts(router_logits,
+    top_k, correction_bias, renormalize, norm_min)``; then
+    ``fd_moe_layer_experts`` with those weights and ids, the expert weights
+    (``fd_moe_experts``' ``up_gate_weights`` / ``down_weights`` / ``quant``)
+    and the shared expert (``shared_up_gate`` / ``shared_down``, as there),
+    or ``fd_moe_experts`` alone when both shared arguments are None.
+    Returns ``[T, D]``. The router logits may differ from ``fd_linear``'s in
+    fp32 summation order; only a near-tie at the top-k boundary may then
+    pick another expert. The reference does not implement it: when no
+    backend answers, ``Ops.moe_layer`` composes those hooks, so a backend
+    answers only to save their per-call costs, for the weights it has a
+    kernel for, and returns None for the rest. Stops at the first non-None
+    result.
+    """
+
+
+@hookspec(firstresult=True)
 def fd_sample(
     logits: Tensor,
     temperature: Tensor,
@@ -380,6 +415,22 @@ def fd_sample(
     ``"sort"`` (inverse CDF over the sorted, filtered distribution, using
     ``uniforms[:, 0]``) or ``"rejection"`` (no full sort; may use further
     columns; same distribution). Returns token ids ``[B]`` int64.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_apply_token_bitmask(logits: Tensor, bitmask: Any, rows: list[int]) -> Tensor | None:
+    """Forbid the tokens a packed bitmask clears, for some rows of ``logits [N, V]`` (fp32).
+
+    Called by the sampler once per step that has constrained rows
+    (structured output), after penalties and before ``fd_sample``.
+    ``bitmask [M, W]`` is an int32 numpy array: bit ``j`` (little-endian) of
+    word ``w`` of row ``k`` allows token ``32 * w + j`` in logits row
+    ``rows[k]``; a clear bit, and every column at or past ``32 * W``, sets
+    that logit to ``-inf``. Other rows are untouched. Returns the masked
+    logits: ``logits`` itself written in place, or a new tensor. The
+    reference (``fd_core.ops.token_bitmask``) unpacks the mask with one
+    vectorised op. Stops at the first non-None result.
     """
 
 

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from fd_core.sampling.guided import GuidedDecodingParams
+
 __all__ = ["SamplingParams", "GREEDY_EPS", "MAX_BAD_WORDS", "MAX_BAD_WORDS_TOKENS", "MAX_STOP", "MAX_LOGPROBS",
            "MAX_LOGIT_BIAS"]
 
@@ -141,6 +143,9 @@ class SamplingParams:
     # a chat-template input FastDeploy's scripts pass here: LLM.chat renders the prompt
     # with it (as chat_template_kwargs={"enable_thinking": ...}); None = the template's default
     enable_thinking: bool | None = None
+    # structured output: what the output must match (a GuidedDecodingParams, or a dict of
+    # its fields, converted); None = unconstrained
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise in place once, here
@@ -197,6 +202,7 @@ class SamplingParams:
         set_(self, "logit_bias", self._checked_logit_bias())
         self._check_reasoning_max_tokens()
         set_(self, "logits_processors_args", self._checked_logits_processors_args())
+        set_(self, "guided_decoding", GuidedDecodingParams.from_value(self.guided_decoding))
 
     def _check_reasoning_max_tokens(self) -> None:
         value = self.reasoning_max_tokens

@@ -142,6 +142,12 @@ class ReasoningBudget:
         """Whether ``output`` (all output tokens so far) holds no ``</think>`` yet."""
         return self._first_end(output) is None
 
+    def reasoning_over(self, output: Sequence[int]) -> bool:
+        """Whether the reasoning is over after ``output``: a ``</think>`` is in it and no
+        forced sequence is still being emitted (structured output starts here)."""
+        end_at = self._first_end(output)
+        return end_at is not None and self._forcing_from(output, end_at) is None
+
     def _forcing_from(self, output: Sequence[int], end_at: int | None) -> int | None:
         """Where the forced sequence ``output`` stops in the middle of began, or None."""
         pos = len(output)

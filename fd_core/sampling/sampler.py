@@ -6,6 +6,9 @@ Order of work in ``Sampler.sample`` (as vLLM v1):
 2. ``logit_bias``, then bans (bad words, ``min_tokens``) (``penalties``);
 3. the engine's ``--logits-processors`` rows switched on (``logits_processors``);
 4. repetition, presence and frequency penalties (``penalties``);
+4b. structured output: the step's token bitmask (``fd_core.structured``)
+    sets the tokens each constrained row's grammar forbids to -inf, through
+    the backend op ``apply_token_bitmask``;
 5. the backend's ``sample`` op: temperature, min-p -> top-k -> top-p and the
    draw; greedy rows take the argmax of the processed logits;
 6. the thinking budget may replace the drawn token by one of its forced
@@ -200,12 +203,15 @@ class Sampler:
         self.logits_processors = list(logits_processors)
         self.early_stop = early_stop
 
-    def sample(self, logits: Tensor, requests: Sequence[SamplingState]) -> SamplerOutput:
+    def sample(self, logits: Tensor, requests: Sequence[SamplingState],
+               token_bitmask: tuple[np.ndarray, list[int]] | None = None) -> SamplerOutput:
         """Sample one token per row of ``logits [N, V]``; ``requests[i]`` owns row i.
 
         Called by the model runner once per step with the logits of the
         requests that sample. Advances each non-greedy request's generator
         by one draw; reads, never changes, their token lists.
+        ``token_bitmask``: ``(bitmask [M, W] int32, rows)`` from structured
+        output: mask row k constrains logits row ``rows[k]``.
         """
         n, vocab = logits.shape
         if n != len(requests):
@@ -223,6 +229,10 @@ class Sampler:
         if self.logits_processors:
             logits = apply_logits_processors(self.logits_processors, logits, requests)
         logits = apply_penalties(logits, requests)
+        if token_bitmask is not None and token_bitmask[1]:
+            if logits is raw and any(s.params.logprobs is not None for s in requests):
+                logits = logits.clone()  # the op may write in place: logprobs read the raw logits
+            logits = self.ops.apply_token_bitmask(logits, token_bitmask[0], list(token_bitmask[1]))
         drawn = self._draw(logits, requests)
         tokens = (drawn if isinstance(drawn, np.ndarray) else drawn.numpy()).tolist()
         for i, state in enumerate(requests):

@@ -54,6 +54,10 @@ class GeneratorRegistry:
             self._entries.setdefault(shape, "fd_core.testing.checkpoints:generate_ernie_checkpoint")
         for shape in QWEN3_SHAPES:
             self._entries.setdefault(shape, "fd_core.testing.qwen3_checkpoint:generate_qwen3_checkpoint")
+        from fd_core.testing.vl_checkpoint import VL_SHAPES
+
+        for shape in VL_SHAPES:
+            self._entries.setdefault(shape, "fd_core.testing.vl_checkpoint:generate_vl_checkpoint")
         from fd_core.plugins import manager
 
         modules = manager.load_general_plugins()

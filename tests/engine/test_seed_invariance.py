@@ -31,10 +31,10 @@ def _history_logits(tokens: list[int], vocab: int) -> np.ndarray:
 def history_logits(monkeypatch):
     sample = Sampler.sample
 
-    def from_history(self, logits, requests):
+    def from_history(self, logits, requests, token_bitmask=None):
         rows = [_history_logits(list(s.prompt_token_ids) + s.output_token_ids, int(logits.shape[1]))
                 for s in requests]
-        return sample(self, paddle.to_tensor(np.stack(rows)), requests)
+        return sample(self, paddle.to_tensor(np.stack(rows)), requests, token_bitmask)
 
     monkeypatch.setattr(Sampler, "sample", from_history)
 

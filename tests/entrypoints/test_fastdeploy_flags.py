@@ -130,7 +130,7 @@ def test_a_flag_for_a_missing_feature_is_refused_naming_it(flag):
 
 @pytest.mark.parametrize("words", [
     ["--splitwise-role", "mixed"], ["--scheduler-name", "local"], ["--data-parallel-size", "1"],
-    ["--guided-decoding-backend", "off"], ["--task", "generate"], ["--max-encoder-cache", "-1"],
+    ["--task", "generate"], ["--max-encoder-cache", "-1"],
     ["--graph-optimization-config", '{"use_cudagraph": false}'], ["--controller-port", "-1"],
 ])
 def test_the_neutral_value_of_a_missing_feature_is_accepted(words):

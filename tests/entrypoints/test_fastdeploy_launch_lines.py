@@ -41,7 +41,7 @@ LINES = [
      "--quantization wint8 --reasoning-parser ernie-x1 --tool-call-parser ernie-x1 --max-num-seqs 32",
      "moe", None),
     ("ERNIE-4.5-300B-A47B-Paddle", "--model M --tensor-parallel-size 8 --quantization wint4 "
-     "--max-model-len 32768 --max-num-seqs 128", "moe", "--tensor-parallel-size"),
+     "--max-model-len 32768 --max-num-seqs 128", "moe", None),
     ("ERNIE-4.5-300B-A47B-Paddle PD prefill", "--model M --port 8180 --metrics-port 8181 "
      "--engine-worker-queue-port 8182 --cache-queue-port 8183 --tensor-parallel-size 4 "
      "--quantization wint4 --splitwise-role prefill", "moe", "--"),
@@ -53,8 +53,7 @@ LINES = [
      "--limit-mm-per-prompt '{\"image\": 100, \"video\": 100}' --reasoning-parser ernie-45-vl "
      "--gpu-memory-utilization 0.85 --max-num-batched-tokens 384 --quantization wint4", "moe", "--"),
     ("XPU 300B", "--model M --port 8188 --tensor-parallel-size 4 --max-model-len 32768 --max-num-seqs 64 "
-     "--quantization wint4 --gpu-memory-utilization 0.9 --load-choices default", "moe",
-     "--tensor-parallel-size"),
+     "--quantization wint4 --gpu-memory-utilization 0.9 --load-choices default", "moe", None),
     ("XPU VL-28B", "--model M --port 8188 --tensor-parallel-size 1 --quantization wint8 "
      "--max-model-len 32768 --max-num-seqs 10 --enable-mm --mm-processor-kwargs '{\"video_max_frames\": 30}' "
      "--limit-mm-per-prompt '{\"image\": 10, \"video\": 3}' --reasoning-parser ernie-45-vl "
@@ -68,7 +67,7 @@ LINES = [
      "--splitwise-role prefill --scheduler-name splitwise --scheduler-host 127.0.0.1 --scheduler-port 6379 "
      "--scheduler-ttl 9000", "moe", "--"),
 ]
-LATER_ISSUE_FLAGS = ("--speculative-config", "--tensor-parallel-size", "--splitwise-role", "--enable-mm",
+LATER_ISSUE_FLAGS = ("--speculative-config", "--splitwise-role", "--enable-mm",
                      "--limit-mm-per-prompt", "--mm-processor-kwargs", "--scheduler-name",
                      "--innode-prefill-ports", "--quantization block_wise_fp8")
 
@@ -136,6 +135,7 @@ def _serve(words: list[str], tmp_path, **env: str) -> tuple[int, str, dict | Non
     "ERNIE-4.5-21B-A3B-Thinking", "ERNIE-4.5-0.3B-Paddle (<= 2.1 extras)",
     pytest.param("ERNIE-4.5-21B-A3B-Paddle", marks=pytest.mark.slow),
     pytest.param("XPU PaddleOCR-VL line", marks=pytest.mark.slow),
+    pytest.param("XPU 300B", marks=pytest.mark.slow),  # --tensor-parallel-size 4: four ranks on the CPU
 ])
 def test_launch_line_really_serves_a_generated_checkpoint(page, checkpoint_factory, tmp_path):
     _, line, arch, _ = next(x for x in LINES if x[0] == page)

@@ -15,8 +15,10 @@ the optional fusions
 ``fd_rope_and_write_kv_cache`` and, for decode steps with packed quantized
 weights, ``fd_decoder_layers`` (``fd_x86.layer``); ``fd_moe_experts`` for
 quantized experts, ``fd_moe_layer_experts`` (the same with the layer's shared
-expert in the call) and ``fd_moe_select_experts`` (``fd_x86.moe``: one native op
-per MoE layer's experts, and the router's top-k). fp32 linears, unquantized experts,
+expert in the call), ``fd_moe_layer`` (the whole layer: router, routing, experts,
+shared expert) and ``fd_moe_select_experts`` (``fd_x86.moe``: one native op
+per MoE layer's experts, and the router's top-k); ``fd_communicator`` (``fd_x86.comm``: all-reduce
+and all-gather through shared memory between the ranks of one host). fp32 linears, unquantized experts,
 sampling, the cache allocation / block copies and any input those ops do not
 take return None here, so fd-core's reference answers.
 
@@ -32,7 +34,15 @@ from typing import Any
 
 from fd_core.backends import cpu as reference
 from fd_core.plugins import API_VERSION, hookimpl
-from fd_core.plugins.types import Availability, Capabilities, DeviceInfo, KVPool, MemoryInfo, Tensor
+from fd_core.plugins.types import (
+    Availability,
+    Capabilities,
+    Communicator,
+    DeviceInfo,
+    KVPool,
+    MemoryInfo,
+    Tensor,
+)
 from fd_x86 import build
 from fd_x86.cpu import choose_kernels
 
@@ -241,6 +251,29 @@ def fd_moe_layer_experts(x: Tensor, topk_weights: Tensor, topk_ids: Tensor, up_g
     from fd_x86.moe import moe_layer_experts
 
     return _native(moe_layer_experts, x, topk_weights, topk_ids, quant, shared_up_gate, shared_down)
+
+
+@hookimpl
+def fd_communicator(world_size: int, rank: int, group: Any) -> Communicator | None:
+    """All-reduce / all-gather through shared memory between the ranks of one host
+    (``fd_x86.comm``; collective: every rank calls it); None (gloo's reference
+    answers) with one rank, ``FD_X86_SHM_COMM=0``, ranks on several hosts or no native ops."""
+    from fd_x86.comm import shm_communicator
+
+    return shm_communicator(world_size, rank, group)
+
+
+@hookimpl
+def fd_moe_layer(x: Tensor, gate: Tensor, correction_bias: Tensor | None, top_k: int, renormalize: bool,
+                 norm_min: float, up_gate_weights: Tensor | None, down_weights: Tensor | None, quant: Any,
+                 shared_up_gate: Any, shared_down: Any) -> Tensor | None:
+    """A whole MoE layer (router, routing, experts, shared expert) in one native op (``fd_x86.moe.moe_layer``)."""
+    if quant is None:
+        return None
+    from fd_x86.moe import moe_layer
+
+    return _native(moe_layer, x, gate, correction_bias, top_k, renormalize, norm_min, quant, shared_up_gate,
+                   shared_down)
 
 
 @hookimpl

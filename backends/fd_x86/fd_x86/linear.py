@@ -17,6 +17,19 @@ replacing them or writing into them through paddle repacks). That costs one more
 (about its size), in transparent huge pages (``fd_x86.memory``);
 ``FD_X86_REPACK=0`` turns it off (the contract-layout
 kernels then run, several times slower at batch > 1).
+
+``FD_X86_PREFILL_INT8_ACT=1`` (opt-in; it changes numerics) runs wint8 and
+wint4 calls of at least ``PREFILL_INT8_MIN_ROWS`` rows (prefill chunks) with
+their activations quantized per token to int8 as w8a8 does (``s_t = max|x_t|
+/ 127``, ``rint``, clip to +-127) on the VNNI kernels: wint8 on w8a8's
+kernel over the same contract weight (the two methods share the weight
+format; no copy), wint4 on its packed word layout with exact int32 dot
+products per group and the groups summed in fp32
+(``csrc/kernels_prefill_avx512.cc``). Decode-sized calls keep fp32
+activations, so a token's result then depends on the size of the step it
+ran in: chunked prefill or preemption may change outputs, which the default
+path guarantees they do not. Read on each call (A/B comparisons in one
+process).
 """
 
 from __future__ import annotations
@@ -32,7 +45,8 @@ from fd_core.ops.content_key import tensor_key
 from fd_x86.build import load_ops
 from fd_x86.memory import host_tensor
 
-__all__ = ["ISAS", "METHODS", "pack_weight", "quantized_linear", "wint4_words"]
+__all__ = ["ISAS", "METHODS", "PREFILL_INT8_MIN_ROWS", "pack_weight", "prefill_int8_enabled", "quantized_linear",
+           "wint4_words"]
 
 METHODS = ("wint8", "wint4", "w8a8")
 ISAS = {"auto": 0, "avx2": 1, "avx512": 2}  # the op's ``isa`` attribute
@@ -42,6 +56,15 @@ _PACKED_METHOD = {"wint8": 0, "wint4": 1, "w8a8": 2}  # fd_x86_packed_linear's `
 # broadcast tiles once the fp32 FMAs, not memory, bound the call (measured on
 # Zen 4: packed 1.4x faster at 1 row, ~5% at 4-6, ~10% slower at 8 and 32)
 WINT8_PACKED_MAX_ROWS = 7
+# FD_X86_PREFILL_INT8_ACT: calls with at least this many rows take int8 activations
+PREFILL_INT8_MIN_ROWS = 32
+_INT8_ACT_METHOD = {"wint8": 7, "wint4": 6}  # fd_x86_packed_linear's codes (csrc/packed_linear.h)
+
+
+def prefill_int8_enabled() -> bool:
+    """``FD_X86_PREFILL_INT8_ACT=1``: the opt-in int8-activation prefill
+    path (module doc). Read on each call."""
+    return os.environ.get("FD_X86_PREFILL_INT8_ACT") == "1"
 
 
 def wint4_words(k: int, group_size: int) -> bool:
@@ -157,6 +180,13 @@ def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None 
         x2 = x2.contiguous()
     nthreads = threads or num_threads()
     group = quant.group_size if quant.group_size and quant.group_size > 0 else -1
+    if x2.shape[0] >= PREFILL_INT8_MIN_ROWS and quant.method in _INT8_ACT_METHOD and isa == "auto" \
+            and prefill_int8_enabled() and _has_vnni():
+        out = _int8_act_linear(ops, x2, quant, group, nthreads, repack)
+        if out is not None:
+            if len(shape) != 2:
+                out = out.reshape(list(shape[:-1]) + [d_out])
+            return out if out.dtype == x.dtype else out.astype(x.dtype)
     use_packed = repack and _use_packed(isa) and (quant.method != "wint8" or x2.shape[0] <= WINT8_PACKED_MAX_ROWS)
     packed = _packed(quant) if use_packed else None
     if packed is not None:
@@ -174,3 +204,20 @@ def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None 
     if len(shape) != 2:
         out = out.reshape(list(shape[:-1]) + [d_out])
     return out if out.dtype == x.dtype else out.astype(x.dtype)
+
+
+def _int8_act_linear(ops: Any, x2: Any, quant: Any, group: int, nthreads: int, repack: bool) -> Any:
+    """The opt-in int8-activation kernel for ``x2 [M, in]`` (module doc), or
+    None where it has no kernel for this weight (the fp32 path runs)."""
+    if quant.method == "wint8":
+        if len(quant.qweight.shape) != 2 or not quant.qweight.is_contiguous() or not quant.scales.is_contiguous():
+            return None
+        return ops.fd_x86_packed_linear(x2, quant.qweight, quant.scales, _INT8_ACT_METHOD["wint8"],
+                                        quant.out_features, -1, nthreads)
+    if not repack or not _use_packed("auto") or not wint4_words(quant.in_features, group):
+        return None
+    packed = _packed(quant)
+    if packed is None:
+        return None
+    return ops.fd_x86_packed_linear(x2, packed[0], packed[1], _INT8_ACT_METHOD["wint4"], quant.out_features, group,
+                                    nthreads)

@@ -23,6 +23,18 @@ layer's shared expert as one more expert of every token, weight 1, added
 after the routed sum (``fd_x86_moe_experts_shared``): at B = 1 that saves
 the shared MLP's ~4 Python-dispatched ops per MoE layer.
 
+``moe_layer`` (``fd_moe_layer``) is the whole layer after its norm in one
+native call (``fd_x86_moe_layer``, ``csrc/x86_moe_layer_op.cc``): the
+router matmul, the routing below and the routed + shared experts. What a
+layer's call needs (checks, the op's tensor and attribute lists) is worked
+out once and kept on its stacked up_gate weight (``backend_cache``), checked
+by identity on later calls: nothing is derived from the weights' values,
+so writes into them need no invalidation. ``FD_X86_MOE_LAYER=0`` turns
+only this op off (A/B comparisons). With ``FD_X86_PREFILL_INT8_ACT=1``
+(``fd_x86.linear``'s opt-in) calls of at least ``PREFILL_INT8_MIN_ROWS``
+tokens run their wint8 experts and shared expert on int8 activations (w8a8's
+kernel on the same weights); wint4 experts keep fp32 activations.
+
 ``select_experts`` is fd-core's reference routing
 (``fd_core.ops.moe.reference_moe_select_experts``: softmax, selection by
 ``probs + correction_bias``, weights from ``probs``, renormalised with
@@ -42,18 +54,26 @@ from fd_core.ops.moe import grouped_experts
 from fd_core.quantization.weights import expert_weight
 from fd_x86 import ops as x86_ops
 from fd_x86.build import load_ops
-from fd_x86.linear import METHODS, quantized_linear
+from fd_x86.linear import METHODS, PREFILL_INT8_MIN_ROWS, prefill_int8_enabled, quantized_linear
 
-__all__ = ["moe_experts", "moe_layer_experts", "native_enabled", "select_experts"]
+__all__ = ["layer_enabled", "moe_experts", "moe_layer", "moe_layer_experts", "native_enabled", "select_experts"]
 
 _METHOD_CODE = {"wint8": 0, "wint4": 1, "w8a8": 2}  # fd_x86_moe_experts' ``method``
 _NO_BIAS: list[Any] = []  # a 1-element fp32 tensor standing in for a missing correction bias
+_LAYER_KEY = "x86.moe_layer"  # in the stacked up_gate weight's backend_cache
 
 
 def native_enabled() -> bool:
     """Whether the MoE ops run (``FD_X86_MOE_NATIVE`` unset or not ``0``).
     Read on each call, so a benchmark can compare both paths in one process."""
     return os.environ.get("FD_X86_MOE_NATIVE") != "0"
+
+
+def layer_enabled() -> bool:
+    """Whether ``moe_layer`` answers (``FD_X86_MOE_LAYER`` unset or not ``0``,
+    and the MoE ops on): ``=0`` leaves the router linear, ``select_experts``
+    and ``moe_layer_experts`` as separate calls (A/B comparisons)."""
+    return os.environ.get("FD_X86_MOE_LAYER") != "0" and native_enabled()
 
 
 def moe_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any) -> Any:
@@ -96,6 +116,76 @@ def moe_layer_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any, shar
             or shared_up_gate.method not in METHODS or shared_down.method != shared_up_gate.method:
         return None
     return _native_experts(x, topk_weights, topk_ids, up_q, down_q, (shared_up_gate, shared_down))
+
+
+def moe_layer(x: Any, gate: Any, correction_bias: Any, top_k: int, renormalize: bool, norm_min: float, quant: Any,
+              shared_up_gate: Any, shared_down: Any) -> Any:
+    """Router, routing, routed experts and shared expert (when given) of a
+    MoE layer in one native call, or None (off, unquantized or mixed-method
+    experts, a float shared expert, non-fp32 / non-CPU inputs, odd shapes):
+    ``Ops.moe_layer`` composes the per-op hooks then."""
+    if quant is None or not layer_enabled() or len(x.shape) != 2 or not x86_ops._host(x):
+        return None
+    up_q = quant[0]
+    cache = getattr(up_q, "backend_cache", None)
+    entry = cache.get(_LAYER_KEY) if cache is not None else None
+    objs = (gate, correction_bias, quant[1], shared_up_gate, shared_down, up_q.qweight, up_q.scales)
+    if entry is None or len(entry[0]) != len(objs) or not all(map(_same, entry[0], objs)):
+        entry = _layer_entry(up_q, objs, quant, shared_up_gate, shared_down)
+    tensors, attrs = entry[1], entry[2]
+    if tensors is None or not 1 <= top_k <= int(gate.shape[1]):
+        return None
+    x = x if x.is_contiguous() else x.contiguous()
+    rows = int(x.shape[0])
+    # opt-in (FD_X86_PREFILL_INT8_ACT): prefill-sized calls run wint8 linears on int8 activations
+    int8_rows = PREFILL_INT8_MIN_ROWS if rows >= PREFILL_INT8_MIN_ROWS and prefill_int8_enabled() else 0
+    return load_ops().fd_x86_moe_layer(x, *tensors, int(top_k), correction_bias is not None, bool(renormalize),
+                                       float(norm_min), *attrs, num_threads(), int8_rows)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b
+
+
+def _layer_entry(up_q: Any, objs: tuple[Any, ...], quant: Any, shared_up_gate: Any,
+                 shared_down: Any) -> tuple[Any, ...]:
+    """``(objs, the op's tensors or None, its attributes)`` for a layer, kept
+    on ``up_q.backend_cache`` when it takes one (the entry names the objects
+    it was built from, so identity stays sound while it is held)."""
+    gate, bias = objs[0], objs[1]
+    tensors: list[Any] | None = None
+    attrs: tuple[int, ...] = ()
+    up_q, down_q = quant
+    has_shared = shared_up_gate is not None or shared_down is not None
+    fits = (up_q.method in METHODS and down_q.method == up_q.method and len(up_q.qweight.shape) == 3
+            and len(down_q.qweight.shape) == 3 and len(gate.shape) == 2 and x86_ops._host(gate)
+            and gate.is_contiguous() and int(gate.shape[1]) == int(up_q.qweight.shape[0])
+            and int(gate.shape[0]) == int(up_q.in_features))
+    if fits and bias is not None:
+        fits = x86_ops._host(bias) and bias.is_contiguous() and int(bias.numel()) == int(gate.shape[1])
+    if fits and has_shared:
+        fits = (_is_2d_quant(shared_up_gate) and _is_2d_quant(shared_down) and shared_up_gate.method in METHODS
+                and shared_down.method == shared_up_gate.method)
+    if fits:
+        if bias is None:
+            if not _NO_BIAS:
+                _NO_BIAS.append(x86_ops._paddle().zeros([1], dtype="float32"))
+            bias = _NO_BIAS[0]
+        shared_tensors = ([shared_up_gate.qweight, shared_up_gate.scales, shared_down.qweight, shared_down.scales]
+                          if has_shared else [gate] * 4)  # unread without a shared expert
+        tensors = [gate, bias, up_q.qweight, up_q.scales, down_q.qweight, down_q.scales, *shared_tensors]
+        attrs = (_METHOD_CODE[up_q.method], _group(up_q), _group(down_q), has_shared,
+                 _METHOD_CODE[shared_up_gate.method] if has_shared else 0,
+                 _group(shared_up_gate) if has_shared else -1, _group(shared_down) if has_shared else -1, 0)
+    entry = (objs, tensors, attrs)
+    cache = getattr(up_q, "backend_cache", None)
+    if cache is None:
+        try:
+            up_q.backend_cache = cache = {}
+        except (AttributeError, TypeError):  # frozen / slotted: checked on every call instead
+            return entry
+    cache[_LAYER_KEY] = entry
+    return entry
 
 
 def _is_2d_quant(weight: Any) -> bool:

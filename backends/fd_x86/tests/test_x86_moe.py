@@ -41,9 +41,9 @@ def test_tiny_moe_model_quantized_matches_the_reference_numerics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
 ) -> None:
     """Greedy decoding of the tiny MoE model with ``method`` (wint4: experts
-    wint4, the rest wint8, FastDeploy's rule): the x86 routing and the
-    routed + shared experts (the native ops, one call per layer) answer
-    every MoE call, and tokens and logprobs follow the reference's numerics."""
+    wint4, the rest wint8, FastDeploy's rule): the whole-layer op (router,
+    routing, routed + shared experts, one call per layer) answers every MoE
+    call, and tokens and logprobs follow the reference's numerics."""
     answered = []
     real = fd_x86.moe.moe_experts
 
@@ -72,6 +72,16 @@ def test_tiny_moe_model_quantized_matches_the_reference_numerics(
         return out
 
     monkeypatch.setattr(fd_x86.moe, "select_experts", counted_select)
+    whole = []
+    real_whole = fd_x86.moe.moe_layer
+
+    def counted_whole(*args):  # type: ignore[no-untyped-def]
+        out = real_whole(*args)
+        whole.append(out is not None)
+        return out
+
+    # its MoE layers ask fd_moe_layer (router, routing, experts, shared expert) first
+    monkeypatch.setattr(fd_x86.moe, "moe_layer", counted_whole)
     model = generate_checkpoint(tmp_path / "moe", "tiny-moe", naming="paddle", seed=7, dtype="float32")
     rng = np.random.default_rng(5)
     prompts = [[int(t) for t in rng.integers(100, 1000, n)] for n in (4, 21)]
@@ -83,7 +93,7 @@ def test_tiny_moe_model_quantized_matches_the_reference_numerics(
 
     want_tokens, want_logprobs = run("cpu")
     got_tokens, got_logprobs = run("x86")
-    assert layered and all(layered) and not answered and routed and all(routed)
+    assert whole and all(whole) and not layered and not answered and not routed
     assert got_tokens == want_tokens
     worst = max(abs(g - w) for gs, ws in zip(got_logprobs, want_logprobs) for g, w in zip(gs, ws))
     assert worst < 1e-3, worst

@@ -30,6 +30,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from fd_core.entrypoints.openai.guided_request import forced_tool_calls
+
 __all__ = ["ChoiceParser", "resolve_parser", "tool_call_dict"]
 
 
@@ -97,6 +99,10 @@ class ChoiceParser:
             reasoning, content = self.reasoning.extract_reasoning_content(text, self.request)
             self.reasoning_tokens = self._count_reasoning_tokens(reasoning, content, token_ids)
         tool_calls = None
+        forced = forced_tool_calls(self.request, content)
+        if forced:  # tool_choice constrained the output to the calls' JSON
+            self.tools_called = True
+            return reasoning or None, None, forced
         if self.tools is not None:
             info = self.tools.extract_tool_calls(content or "", self.request)
             if info.tools_called:
@@ -155,6 +161,15 @@ class ChoiceParser:
                     content_delta += getattr(msg, "content", None) or ""
             if content_delta or self.reasoning.is_reasoning_end(self._ids):
                 self.reasoning_ended = True
+        if _forces_tools(self.request):  # the calls' JSON: sent as tool_calls once complete
+            self._content_text += content_delta or ""
+            calls = forced_tool_calls(self.request, self._content_text) if finished else None
+            if calls:
+                self.tools_called = True
+                out["tool_calls"] = [{**c, "index": i} for i, c in enumerate(calls)]
+            elif finished:
+                _add(out, "content", self._content_text)
+            return out or None
         if self.tools is None:
             _add(out, "content", content_delta)
             return out or None
@@ -178,6 +193,11 @@ class ChoiceParser:
                 out.setdefault("tool_calls", []).extend(
                     tool_call_dict(c, i) for i, c in enumerate(calls, len(out.get("tool_calls", []))))
         return out or None
+
+
+def _forces_tools(request: Any) -> bool:
+    choice = getattr(request, "tool_choice", None)
+    return choice is not None and choice not in ("none", "auto")
 
 
 def _add(out: dict[str, Any], key: str, text: str | None) -> None:

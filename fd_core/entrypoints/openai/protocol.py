@@ -105,8 +105,9 @@ class NamedToolChoice(OpenAIBaseModel):
 
 
 class ResponseFormat(OpenAIBaseModel):
-    """Only ``text`` is served; any other type (json_object, json_schema,
-    FastDeploy's structural_tag) is refused by name until structured output exists."""
+    """``text``, ``json_object``, ``json_schema`` (``{"name", "schema", "strict"}``) or
+    FastDeploy's ``structural_tag`` (``structures`` and ``triggers`` as extra keys);
+    turned into a constraint by ``guided_request``."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -173,7 +174,7 @@ class SamplingFields(RequestModel):
     max_streaming_response_tokens: StrictInt | None = Field(default=None, ge=1)  # tokens per chunk
     request_id: str | None = None  # FastDeploy: the caller's id, prefixed by ours
     trace_context: str | None = None  # FastDeploy's tracing context; no effect (fd-core has no tracing)
-    # known, refused unless no-op (unsupported.py says why)
+    # structured output (guided_request.py turns these into GuidedDecodingParams)
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
@@ -182,6 +183,7 @@ class SamplingFields(RequestModel):
     guided_decoding_backend: Any = None
     guided_whitespace_pattern: Any = None
     structural_tag: Any = None
+    # known, refused unless no-op (unsupported.py says why)
     structured_outputs: Any = None
     mm_hashes: Any = None
     mm_processor_kwargs: Any = None

@@ -13,6 +13,7 @@ from fd_core.entrypoints.openai.chat_parsing import ChoiceParser
 from fd_core.entrypoints.openai.chat_prompt import chat_prompt_ids, render_chat
 from fd_core.entrypoints.openai.concurrency import reserve
 from fd_core.entrypoints.openai.errors import OpenAIError, error_body
+from fd_core.entrypoints.openai.guided_request import guided_params
 from fd_core.entrypoints.openai.literal_tokens import LiteralSpecialTokens
 from fd_core.entrypoints.openai.protocol import ChatCompletionRequest
 from fd_core.entrypoints.openai.serving_base import OpenAIServing, random_id, sse, usage
@@ -56,7 +57,11 @@ class OpenAIServingChat(OpenAIServing):
             max_tokens = min(max_tokens, self._response_budget(request.response_max_tokens, prompt_ids))
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs set to true", 400, "top_logprobs")
-        extra = {} if request.reasoning_max_tokens is None else {"reasoning_max_tokens": request.reasoning_max_tokens}
+        extra: dict[str, Any] = {} if request.reasoning_max_tokens is None else {
+            "reasoning_max_tokens": request.reasoning_max_tokens}
+        guided = guided_params(request, self.reasoning_parser is not None)
+        if guided is not None:
+            extra["guided_decoding"] = guided
         params = self.sampling_params(request, max_tokens, (request.top_logprobs or 0) if request.logprobs else None,
                                       **extra)
         reserve(params.n, "n")  # each sample is an engine request against --max-concurrency
@@ -89,14 +94,7 @@ class OpenAIServingChat(OpenAIServing):
 
     @staticmethod
     def _check_unsupported(request: ChatCompletionRequest) -> None:
-        choice = request.tool_choice
-        if choice == "required" or (choice is not None and not isinstance(choice, str)):
-            raise OpenAIError("tool_choice 'required' or a named function needs guided decoding, which "
-                              "fd-core does not support yet; use 'auto' or 'none'", 400, "tool_choice")
-        fmt = request.response_format
-        if fmt is not None and fmt.type != "text":
-            raise OpenAIError(f"response_format {fmt.type!r} needs guided decoding, which fd-core does not "
-                              "support yet; use 'text'", 400, "response_format")
+        """Nothing left to refuse here: structured output is served (``guided_request``)."""
 
     def _response(self, request: ChatCompletionRequest, request_id: str, model: str, params: SamplingParams,
                   final: RequestOutput, parsers: list[ChoiceParser]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 from fd_core.engine.outputs import CompletionOutput, RequestOutput
 from fd_core.entrypoints.openai.concurrency import reserve
 from fd_core.entrypoints.openai.errors import OpenAIError, error_body
+from fd_core.entrypoints.openai.guided_request import guided_params
 from fd_core.entrypoints.openai.protocol import CompletionRequest
 from fd_core.entrypoints.openai.serving_base import (
     MAX_N,
@@ -88,11 +89,13 @@ class OpenAIServingCompletion(OpenAIServing):
                               f"request may ask for at most {MAX_SEQUENCES} (send several requests)", 400, field)
         # every sequence is an engine request against --max-concurrency
         reserve(len(prompts) * samples, "best_of" if request.best_of else "n")
+        constraint = guided_params(request, False)  # completions run no reasoning parser
+        guided = {} if constraint is None else {"guided_decoding": constraint}
         params_list = []  # as the answer shows them (n, the logprobs asked for)
         engine_params = []  # as generated: best_of samples, with logprobs to rank them by
         for _, ids in prompts:
             max_tokens = self.max_tokens_for(len(ids), request.max_tokens, "max_tokens", "prompt")
-            params = self.sampling_params(request, max_tokens, request.logprobs)
+            params = self.sampling_params(request, max_tokens, request.logprobs, **guided)
             params_list.append(params)
             engine_params.append(params if samples == params.n else params.replace(
                 n=samples, logprobs=params.logprobs if params.logprobs is not None else 0))

@@ -17,8 +17,8 @@ from fd_core.entrypoints.openai.errors import OpenAIError
 
 __all__ = ["REFUSED", "check_refused"]
 
-_STRUCTURED = ("needs structured output (guided decoding), which fd-core does not implement yet; "
-               "remove the field")
+_STRUCTURED = ("(vLLM's newer form) is not taken; send response_format or guided_json / guided_regex / "
+               "guided_choice / guided_grammar / structural_tag instead")
 _MULTIMODAL = "needs a multimodal model, which fd-core does not serve yet; remove the field"
 
 
@@ -32,14 +32,6 @@ def _one_of(*allowed: Any) -> Callable[[Any], bool]:
 
 # field -> (is this value a no-op?, why any other value is refused)
 REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "guided_json": (_off, _STRUCTURED),
-    "guided_regex": (_off, _STRUCTURED),
-    "guided_choice": (_off, _STRUCTURED),
-    "guided_grammar": (_off, _STRUCTURED),
-    "guided_json_object": (_off, _STRUCTURED),
-    "guided_decoding_backend": (_off, _STRUCTURED),
-    "guided_whitespace_pattern": (_off, _STRUCTURED),
-    "structural_tag": (_off, _STRUCTURED),
     "structured_outputs": (_off, _STRUCTURED),
     "mm_hashes": (_off, _MULTIMODAL),
     "mm_processor_kwargs": (_off, _MULTIMODAL),

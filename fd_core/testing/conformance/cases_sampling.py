@@ -107,3 +107,20 @@ def test_sample(conformance: Harness, method: str, batch: str, vocab: int) -> No
     if method == "sort":
         fd.assert_equal("sample", case + " (sampled rows, same uniforms)",
                         got_np[~greedy], want_np[~greedy])
+
+
+@pytest.mark.parametrize("rows,vocab,masked", [(1, 1000, [0]), (9, 32003, [8, 0, 3]), (4, 70, [1, 2])])
+def test_apply_token_bitmask(conformance: Harness, rows: int, vocab: int, masked: list[int]) -> None:
+    """Structured output's mask: the tokens whose bit is clear (and the columns past
+    the mask) are -inf in the named rows, every other logit is unchanged."""
+    fd = conformance
+    rng = case_rng("apply_token_bitmask", rows, vocab)
+    logits = rng.normal(0, 4, (rows, vocab)).astype(np.float32)
+    words = max(1, (vocab - 40) // 32)  # may stop short of the vocabulary: the rest is forbidden
+    bitmask = rng.integers(-2**31, 2**31, size=(len(masked), words), dtype=np.int64).astype(np.int32)
+    case = f"logits[{rows}, {vocab}] rows={masked} mask words={words}"
+    got = fd.numpy(fd.call("apply_token_bitmask", logits=fd.device(logits, "float32"), bitmask=bitmask,
+                           rows=masked))
+    want = fd.numpy(fd.call_reference("apply_token_bitmask", logits=fd.host(logits.copy()), bitmask=bitmask,
+                                      rows=masked))
+    fd.assert_equal("apply_token_bitmask", case, got, want)

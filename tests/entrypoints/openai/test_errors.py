@@ -53,10 +53,10 @@ BAD_REQUESTS = [
     (CHAT, {"messages": USER, "stop": [""]}, 400, ["stop"], "stop"),
     (CHAT, {"messages": USER, "max_streaming_response_tokens": 0}, 400, ["max_streaming_response_tokens"],
      "max_streaming_response_tokens"),
-    (CHAT, {"messages": USER, "tool_choice": "required", "tools": [
-        {"type": "function", "function": {"name": "f"}}]}, 400, ["tool_choice"], "tool_choice"),
-    (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400, ["response_format"],
-     "response_format"),
+    (CHAT, {"messages": USER, "tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [
+        {"type": "function", "function": {"name": "f"}}]}, 400, ["tool_choice", "'g'"], "tool_choice"),
+    (CHAT, {"messages": USER, "response_format": {"type": "json_object"}, "guided_regex": "a"}, 400,
+     ["guided_regex and response_format"], "response_format"),
     (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, ["chat template", "wizard"], "messages"),
     (COMPLETIONS, {"prompt": "hi", "suffix": "end"}, 400, ["suffix is not supported"], "suffix"),
     (COMPLETIONS, {"prompt": []}, 400, ["prompt must not be empty"], "prompt"),

@@ -19,9 +19,7 @@ USER = [{"role": "user", "content": "hi"}]
 
 # field -> a value with an effect fd-core cannot give (chat requests)
 REFUSED_VALUES = {
-    "guided_json": {"type": "object"}, "guided_regex": "a+", "guided_choice": ["a", "b"],
-    "guided_grammar": "root ::= 'a'", "guided_json_object": True, "guided_decoding_backend": "xgrammar",
-    "guided_whitespace_pattern": " ", "structural_tag": "{}", "structured_outputs": {"regex": "a"},
+    "structured_outputs": {"regex": "a"},
     "mm_hashes": ["abc"], "mm_processor_kwargs": {"fps": 1}, "include_draft_logprobs": True,
     "disaggregate_info": {"role": "prefill"}, "collect_metrics": True,
     "functions": [{"name": "f"}], "function_call": "auto", "audio": {"voice": "alloy"},
@@ -47,11 +45,12 @@ async def test_refused_field_is_a_400_naming_it(http, name):
         assert assert_error(r, 400, name)["param"] == name
 
 
-@pytest.mark.parametrize("fmt", [{"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x"}},
-                                 {"type": "structural_tag", "structures": [], "triggers": []}])
-async def test_response_format_other_than_text_is_refused(http, fmt):
+@pytest.mark.parametrize("fmt", [{"type": "json_schema", "json_schema": {"name": "x"}},
+                                 {"type": "structural_tag", "structures": [], "triggers": []},
+                                 {"type": "yaml"}])
+async def test_a_response_format_that_cannot_be_served_is_a_400(http, fmt):
     r = await http.post(CHAT, json={"messages": USER, "response_format": fmt, "max_tokens": 1})
-    assert assert_error(r, 400, fmt["type"])["param"] == "response_format"
+    assert r.status_code == 400, r.text
     ok = await http.post(CHAT, json={"messages": USER, "response_format": {"type": "text"}, "max_tokens": 1})
     assert ok.status_code == 200, ok.text
 

@@ -83,4 +83,31 @@ void wint4_lut_permute(const float* x, int64_t M, int64_t K, float* xp) {
 
 void wint4_lut_avx512(const LinearArgs& a) { drive<Wint4Lut>(a); }
 
+void router_logits_avx512(const float* x, int64_t T, int64_t D, const float* gate, int64_t E, float* out,
+                          int threads) {
+  constexpr int kChunks = 4;  // 64 experts per pass over the gate
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && T * D * E >= kMinParallelMacs)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * D;
+    for (int64_t e0 = 0; e0 < E; e0 += 16 * kChunks) {
+      __m512 acc[kChunks];
+      __mmask16 mk[kChunks];
+      for (int c = 0; c < kChunks; ++c) {
+        acc[c] = _mm512_setzero_ps();
+        const int64_t left = E - e0 - 16 * c;
+        mk[c] = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
+      }
+      for (int64_t d = 0; d < D; ++d) {
+        const __m512 xv = _mm512_set1_ps(xr[d]);
+        const float* g = gate + d * E + e0;
+#pragma GCC unroll 4
+        for (int c = 0; c < kChunks; ++c)
+          if (mk[c]) acc[c] = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(mk[c], g + 16 * c), acc[c]);
+      }
+      for (int c = 0; c < kChunks; ++c)
+        if (mk[c]) _mm512_mask_storeu_ps(out + t * E + e0 + 16 * c, mk[c], acc[c]);
+    }
+  }
+}
+
 }  // namespace fdx86

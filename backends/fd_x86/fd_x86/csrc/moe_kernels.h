@@ -20,4 +20,10 @@ constexpr int64_t kWint4LutBlock = 128;
 void wint4_lut_permute(const float* x, int64_t M, int64_t K, float* xp);
 void wint4_lut_avx512(const LinearArgs& a);
 
+// Router logits: out [T, E] = x [T, D] @ gate [D, E] in fp32, each logit
+// summed over d in ascending order (one FMA chain per 16 experts); threads
+// over tokens when the call is large.
+void router_logits_avx512(const float* x, int64_t T, int64_t D, const float* gate, int64_t E, float* out,
+                          int threads);
+
 }  // namespace fdx86

@@ -18,6 +18,13 @@ namespace fdx86 {
 // dense16_linear_avx512, scales unused) for x [M, K] and n outputs
 // (group_size: wint4's, -1 = K) and returns the args; a.out is left unset.
 constexpr int kDense16Method = 4;
+// Opt-in int8-activation kernels for prefill-sized calls (fd_x86.linear,
+// FD_X86_PREFILL_INT8_ACT): the activations quantized per token to int8 as
+// w8a8 does, then 6 = packed wint4 words (method 1's weight, word layout
+// only) on VNNI with group-wise scales (wint4_words_vnni_avx512), 7 = a
+// wint8 weight in the contract layout [N, K] (method 3's) on w8a8's VNNI
+// kernel (wint8 and w8a8 share the weight format).
+constexpr int kWint4Int8Act = 6, kWint8Int8Act = 7;
 LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t K, const paddle::Tensor& packed,
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads);
 

@@ -18,6 +18,7 @@
 #include "cpu_features.h"
 #include "kernels.h"
 #include "packed_linear.h"
+#include "prefill_kernels.h"
 #include "paddle/extension.h"
 
 namespace {
@@ -96,8 +97,7 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads) {
   PD_CHECK(packed.is_cpu() && scales.is_cpu(), op, ": the packed weight and scales must be on the CPU");
   PD_CHECK(packed.is_contiguous() && scales.is_contiguous(), op, ": packed and scales must be contiguous");
-  PD_CHECK(method >= 0 && method <= kDense16Method + 1, op, ": method must be 0 to ", kDense16Method + 1, ", got ",
-           method);
+  PD_CHECK(method >= 0 && method <= kWint8Int8Act, op, ": method must be 0 to ", kWint8Int8Act, ", got ", method);
   LinearArgs a;
   a.M = M;
   a.K = K;
@@ -122,17 +122,20 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
   a.scales = scales.data<float>();
   const int64_t n16 = round_up(a.N, 16);
   int64_t want = round_up(a.N, 32) * a.K;  // wint8: [N32][K][32]
-  if (method == 1) {
+  if (method == 1 || method == kWint4Int8Act) {
     PD_CHECK(a.K % 2 == 0, op, ": wint4 needs an even K");
     a.group_size = group_size <= 0 ? a.K : group_size;
     PD_CHECK(a.group_size % 2 == 0, op, ": group_size must be even, got ", group_size);
     a.groups = (a.K + a.group_size - 1) / a.group_size;
     want = n16 * a.K / 2;
+    PD_CHECK(method == 1 || (a.K % 8 == 0 && a.group_size % 8 == 0), op, ": method ", kWint4Int8Act,
+             " needs the word layout (K and group_size multiples of 8), got K = ", a.K, ", group_size = ",
+             a.group_size);
     PD_CHECK(scales.numel() == n16 * a.groups, op, ": packed wint4 scales must have ", n16 * a.groups,
              " values, got ", scales.numel());
   } else {
     if (method == 2) want = n16 * round_up(a.K, 4);
-    if (method == 3) {
+    if (method == 3 || method == kWint8Int8Act) {
       PD_CHECK(packed.dtype() == paddle::DataType::INT8, op, ": a wint8 weight must be int8");
       want = a.N * a.K;
     }
@@ -163,6 +166,27 @@ void run_packed_linear(LinearArgs a, int method) {
     wint8_avx512(a);
   } else if (method == 1) {
     wint4_packed_avx512(a);
+  } else if (method == kWint4Int8Act) {
+    a.ldq = round_up(a.K, 64);
+    std::vector<int8_t> xq(a.M * a.ldq);
+    std::vector<float> xscale(a.M);
+    std::vector<int32_t> xsum(a.M), gsum(a.M * a.groups);
+    quantize_rows_avx512(a.x, a.M, a.K, xq.data(), a.ldq, xscale.data(), xsum.data(), a.threads);
+    wint4_vnni_prepare_avx512(xq.data(), a.M, a.K, a.ldq, a.group_size, a.groups, gsum.data(), a.threads);
+    a.xq = xq.data();
+    a.xscale = xscale.data();
+    a.xsum = gsum.data();
+    wint4_words_vnni_avx512(a);
+  } else if (method == kWint8Int8Act) {
+    a.ldq = round_up(a.K, 64);
+    std::vector<int8_t> xq(a.M * a.ldq);
+    std::vector<float> xscale(a.M);
+    std::vector<int32_t> xsum(a.M);
+    quantize_rows_avx512(a.x, a.M, a.K, xq.data(), a.ldq, xscale.data(), xsum.data(), a.threads);
+    a.xq = xq.data();
+    a.xscale = xscale.data();
+    a.xsum = xsum.data();
+    w8a8_avx512_vnni(a);
   } else {
     a.ldq = round_up(a.K, 64);
     std::vector<int8_t> xq(a.M * a.ldq);

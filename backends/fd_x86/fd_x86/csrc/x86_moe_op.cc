@@ -37,6 +37,7 @@
 #include "cpu_features.h"
 #include "kernels.h"
 #include "moe_kernels.h"
+#include "moe_op.h"
 #include "ops_kernels.h"
 #include "paddle/extension.h"
 
@@ -44,9 +45,9 @@ namespace {
 
 constexpr int kWint8 = 0, kWint4 = 1, kW8a8 = 2;
 
+}  // namespace
 
-// true: the AVX-512 kernels, false: the AVX2 ones
-bool use_avx512(int isa) {
+bool fdx86::moe_use_avx512(int isa) {
   if (isa == 2) {
     PD_CHECK(fdx86::cpu_has_avx512_vnni(), "fd_x86_moe_experts: isa=2 (AVX-512 VNNI) requested, but this CPU lacks it");
     return true;
@@ -60,6 +61,8 @@ bool use_avx512(int isa) {
   PD_CHECK(fdx86::cpu_has_avx2(), "fd_x86_moe_experts: this CPU has neither AVX-512 VNNI nor AVX2+FMA");
   return false;
 }
+
+namespace {
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
@@ -106,6 +109,7 @@ struct Scratch {
   std::vector<int8_t> xq;
   std::vector<float> xscale;
   std::vector<int32_t> xsum;
+  bool int8_act = false;  // wint8 linears take int8 activations (the opt-in prefill path)
 };
 
 // out [M, N] = x [M, K] @ expert e's weight of `s`, with `method`'s kernel.
@@ -120,6 +124,9 @@ void expert_linear(const Stacked& s, int64_t e, const float* x, int64_t M, float
   a.scales = s.scales + e * s.N * s.groups;
   a.out = out;
   a.threads = threads;
+  if (method == kWint8 && avx512 && scratch->int8_act) {
+    method = kW8a8;  // opt-in: int8 activations on the same weight (wint8 and w8a8 share the format)
+  }
   if (method == kWint8) {
     if (avx512) fdx86::wint8_avx512(a); else fdx86::wint8_avx2(a);
   } else if (method == kWint4) {
@@ -171,36 +178,18 @@ void expert_linear(const Stacked& s, int64_t e, const float* x, int64_t M, float
 
 }  // namespace
 
-namespace {
-
-// The shared expert's weights (2-D), or none.
-struct SharedArgs {
-  const paddle::Tensor* up_qweight = nullptr;
-  const paddle::Tensor* up_scales = nullptr;
-  const paddle::Tensor* down_qweight = nullptr;
-  const paddle::Tensor* down_scales = nullptr;
-  int method = 0, up_group = -1, down_group = -1;  // method: the shared expert's own (wint4 experts, wint8 rest)
-};
-
-paddle::Tensor moe_forward(const paddle::Tensor& x, const paddle::Tensor& topk_ids,
-                           const paddle::Tensor& topk_weights, const paddle::Tensor& up_qweight,
-                           const paddle::Tensor& up_scales, const paddle::Tensor& down_qweight,
-                           const paddle::Tensor& down_scales, int method, int up_group, int down_group, int isa,
-                           int threads, const SharedArgs* shared) {
+paddle::Tensor fdx86::moe_forward(const paddle::Tensor& x, const int64_t* ids, const float* tw, int64_t k,
+                                  const paddle::Tensor& up_qweight, const paddle::Tensor& up_scales,
+                                  const paddle::Tensor& down_qweight, const paddle::Tensor& down_scales, int method,
+                                  int up_group, int down_group, int isa, int threads, const MoeSharedArgs* shared,
+                                  int64_t int8_act_rows) {
   const char* op = "fd_x86_moe_experts";
   PD_CHECK(method == kWint8 || method == kWint4 || method == kW8a8, op, ": method must be 0 (wint8), 1 (wint4) or ",
            "2 (w8a8), got ", method);
-  PD_CHECK(x.is_cpu() && topk_ids.is_cpu() && topk_weights.is_cpu(), op, ": x and the routing must be on the CPU");
-  PD_CHECK(x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2 && x.is_contiguous(), op,
-           ": x must be contiguous float32 [T, D]");
-  PD_CHECK(topk_ids.dtype() == paddle::DataType::INT64 && topk_ids.shape().size() == 2 && topk_ids.is_contiguous(),
-           op, ": topk_ids must be contiguous int64 [T, k]");
-  PD_CHECK(topk_weights.dtype() == paddle::DataType::FLOAT32 && topk_weights.shape() == topk_ids.shape() &&
-               topk_weights.is_contiguous(),
-           op, ": topk_weights must be contiguous float32 of topk_ids' shape [T, k]");
-  const int64_t T = x.shape()[0], D = x.shape()[1], k = topk_ids.shape()[1];
-  PD_CHECK(topk_ids.shape()[0] == T, op, ": topk_ids has ", topk_ids.shape()[0], " rows, x ", T);
-  const bool avx512 = use_avx512(isa);
+  PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2 && x.is_contiguous(), op,
+           ": x must be contiguous float32 [T, D] on the CPU");
+  const int64_t T = x.shape()[0], D = x.shape()[1];
+  const bool avx512 = moe_use_avx512(isa);
   const Stacked up("up_gate", up_qweight, up_scales, method, D, up_group);
   PD_CHECK(up.N % 2 == 0, op, ": up_gate has an odd number of outputs (", up.N, "), expected 2 * I");
   const int64_t I = up.N / 2;
@@ -227,10 +216,9 @@ paddle::Tensor moe_forward(const paddle::Tensor& x, const paddle::Tensor& topk_i
   if (T == 0) return out;
   std::vector<float> rows, h, act;
   Scratch scratch;
+  scratch.int8_act = int8_act_rows > 0 && T >= int8_act_rows;
   const float* xd = x.data<float>();
   if (k == 0 && shared == nullptr) return out;
-  const int64_t* ids = topk_ids.data<int64_t>();
-  const float* tw = topk_weights.data<float>();
   // slots grouped by expert, stable: ascending expert, then slot t * k + j
   std::vector<int64_t> start(E + 1, 0);
   for (int64_t i = 0; i < T * k; ++i) {
@@ -281,6 +269,21 @@ paddle::Tensor moe_forward(const paddle::Tensor& x, const paddle::Tensor& topk_i
   return out;
 }
 
+namespace {
+
+// topk_ids / topk_weights as the ops take them: contiguous [T, k] for x [T, D]
+void check_routing(const paddle::Tensor& x, const paddle::Tensor& topk_ids, const paddle::Tensor& topk_weights) {
+  const char* op = "fd_x86_moe_experts";
+  PD_CHECK(topk_ids.is_cpu() && topk_weights.is_cpu(), op, ": the routing must be on the CPU");
+  PD_CHECK(topk_ids.dtype() == paddle::DataType::INT64 && topk_ids.shape().size() == 2 && topk_ids.is_contiguous(),
+           op, ": topk_ids must be contiguous int64 [T, k]");
+  PD_CHECK(topk_weights.dtype() == paddle::DataType::FLOAT32 && topk_weights.shape() == topk_ids.shape() &&
+               topk_weights.is_contiguous(),
+           op, ": topk_weights must be contiguous float32 of topk_ids' shape [T, k]");
+  PD_CHECK(x.shape().size() == 2 && topk_ids.shape()[0] == x.shape()[0], op, ": topk_ids has ", topk_ids.shape()[0],
+           " rows, x ", x.shape().size() == 2 ? x.shape()[0] : -1);
+}
+
 }  // namespace
 
 std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x, const paddle::Tensor& topk_ids,
@@ -288,8 +291,10 @@ std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x, const paddle::Te
                                        const paddle::Tensor& up_scales, const paddle::Tensor& down_qweight,
                                        const paddle::Tensor& down_scales, int method, int up_group, int down_group,
                                        int isa, int threads) {
-  return {moe_forward(x, topk_ids, topk_weights, up_qweight, up_scales, down_qweight, down_scales, method, up_group,
-                      down_group, isa, threads, nullptr)};
+  check_routing(x, topk_ids, topk_weights);
+  return {fdx86::moe_forward(x, topk_ids.data<int64_t>(), topk_weights.data<float>(), topk_ids.shape()[1], up_qweight,
+                             up_scales, down_qweight, down_scales, method, up_group, down_group, isa, threads,
+                             nullptr)};
 }
 
 std::vector<paddle::Tensor> MoeExpertsShared(
@@ -300,7 +305,7 @@ std::vector<paddle::Tensor> MoeExpertsShared(
     int down_group, int shared_method, int shared_up_group, int shared_down_group, int isa, int threads) {
   PD_CHECK(shared_method == kWint8 || shared_method == kWint4 || shared_method == kW8a8,
            "fd_x86_moe_experts_shared: shared_method must be 0 (wint8), 1 (wint4) or 2 (w8a8), got ", shared_method);
-  SharedArgs shared;
+  fdx86::MoeSharedArgs shared;
   shared.method = shared_method;
   shared.up_qweight = &shared_up_qweight;
   shared.up_scales = &shared_up_scales;
@@ -308,8 +313,34 @@ std::vector<paddle::Tensor> MoeExpertsShared(
   shared.down_scales = &shared_down_scales;
   shared.up_group = shared_up_group;
   shared.down_group = shared_down_group;
-  return {moe_forward(x, topk_ids, topk_weights, up_qweight, up_scales, down_qweight, down_scales, method, up_group,
-                      down_group, isa, threads, &shared)};
+  check_routing(x, topk_ids, topk_weights);
+  return {fdx86::moe_forward(x, topk_ids.data<int64_t>(), topk_weights.data<float>(), topk_ids.shape()[1], up_qweight,
+                             up_scales, down_qweight, down_scales, method, up_group, down_group, isa, threads,
+                             &shared)};
+}
+
+void fdx86::moe_route_row(const float* row, int64_t E, const float* b, int top_k, bool renormalize, float norm_min,
+                          float* w, int64_t* id, float* probs, float* score, int64_t* idx) {
+  const float mx = *std::max_element(row, row + E);
+  float sum = 0.0f;
+  for (int64_t e = 0; e < E; ++e) sum += probs[e] = std::exp(row[e] - mx);
+  for (int64_t e = 0; e < E; ++e) {
+    probs[e] /= sum;
+    score[e] = b ? probs[e] + b[e] : probs[e];
+  }
+  std::iota(idx, idx + E, 0);
+  std::partial_sort(idx, idx + top_k, idx + E, [&](int64_t p, int64_t q) {
+    return score[p] > score[q] || (score[p] == score[q] && p < q);
+  });
+  float total = 0.0f;
+  for (int j = 0; j < top_k; ++j) {
+    id[j] = idx[j];
+    total += w[j] = probs[idx[j]];
+  }
+  if (renormalize) {
+    const float denom = std::max(total, norm_min);
+    for (int j = 0; j < top_k; ++j) w[j] /= denom;
+  }
 }
 
 std::vector<paddle::Tensor> MoeSelect(const paddle::Tensor& logits, const paddle::Tensor& bias, int top_k,
@@ -333,29 +364,9 @@ std::vector<paddle::Tensor> MoeSelect(const paddle::Tensor& logits, const paddle
   int64_t* id = ids.data<int64_t>();
   std::vector<float> probs(E), score(E);
   std::vector<int64_t> idx(E);
-  for (int64_t t = 0; t < T; ++t) {
-    const float* row = l + t * E;
-    const float mx = *std::max_element(row, row + E);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < E; ++e) sum += probs[e] = std::exp(row[e] - mx);
-    for (int64_t e = 0; e < E; ++e) {
-      probs[e] /= sum;
-      score[e] = b ? probs[e] + b[e] : probs[e];
-    }
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + top_k, idx.end(), [&](int64_t p, int64_t q) {
-      return score[p] > score[q] || (score[p] == score[q] && p < q);
-    });
-    float total = 0.0f;
-    for (int j = 0; j < top_k; ++j) {
-      id[t * top_k + j] = idx[j];
-      total += w[t * top_k + j] = probs[idx[j]];
-    }
-    if (renormalize) {
-      const float denom = std::max(total, norm_min);
-      for (int j = 0; j < top_k; ++j) w[t * top_k + j] /= denom;
-    }
-  }
+  for (int64_t t = 0; t < T; ++t)
+    fdx86::moe_route_row(l + t * E, E, b, top_k, renormalize, norm_min, w + t * top_k, id + t * top_k, probs.data(),
+                         score.data(), idx.data());
   return {weights, ids};
 }
 

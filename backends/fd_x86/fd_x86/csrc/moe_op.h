@@ -1,0 +1,44 @@
+// The MoE ops' shared pieces (x86_moe_op.cc), used by fd_x86_moe_experts*,
+// fd_x86_moe_select and the whole-layer op fd_x86_moe_layer
+// (x86_moe_layer_op.cc). Baseline x86-64 code with paddle headers.
+#pragma once
+#include <cstdint>
+
+#include "paddle/extension.h"
+
+namespace fdx86 {
+
+// The shared expert's weights (2-D), or none.
+struct MoeSharedArgs {
+  const paddle::Tensor* up_qweight = nullptr;
+  const paddle::Tensor* up_scales = nullptr;
+  const paddle::Tensor* down_qweight = nullptr;
+  const paddle::Tensor* down_scales = nullptr;
+  int method = 0, up_group = -1, down_group = -1;  // method: the shared expert's own (wint4 experts, wint8 rest)
+};
+
+// out [T, D] = sum_j tw[t, j] * FFN_{ids[t, j]}(x[t]) (+ the shared expert
+// after the routed sum): see fd_x86_moe_experts in x86_moe_op.cc. ids /
+// tw are [T, k] row-major; ids are checked against the number of experts.
+// int8_act_rows > 0 (opt-in, fd_x86.linear's FD_X86_PREFILL_INT8_ACT): in a
+// call of at least that many tokens, wint8 linears (the experts', the shared
+// expert's) quantize their inputs per token and run w8a8's VNNI kernel on
+// the same weight (AVX-512 only).
+paddle::Tensor moe_forward(const paddle::Tensor& x, const int64_t* ids, const float* tw, int64_t k,
+                           const paddle::Tensor& up_qweight, const paddle::Tensor& up_scales,
+                           const paddle::Tensor& down_qweight, const paddle::Tensor& down_scales, int method,
+                           int up_group, int down_group, int isa, int threads, const MoeSharedArgs* shared,
+                           int64_t int8_act_rows = 0);
+
+// The reference routing of one token: probs = softmax(logits [E]); the
+// top_k experts by probs + bias (bias may be null), descending, lower id
+// first on ties, weighted by probs; with renormalize divided by
+// max(sum of the k weights, norm_min). probs / score: scratch of E floats,
+// idx: of E ids.
+void moe_route_row(const float* logits, int64_t E, const float* bias, int top_k, bool renormalize, float norm_min,
+                   float* w, int64_t* id, float* probs, float* score, int64_t* idx);
+
+// true: the AVX-512 kernels, false: the AVX2 ones (isa 0 auto, 1 AVX2, 2 AVX-512)
+bool moe_use_avx512(int isa);
+
+}  // namespace fdx86

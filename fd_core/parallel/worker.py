@@ -1,0 +1,98 @@
+"""The worker process of ranks 1..N-1: ``python -m fd_core.parallel.worker``.
+
+Started by ``fd_core.parallel.driver.ParallelRunner`` (rank 0) with its spec
+pickled on stdin and two inherited pipes (``fd_core.parallel.channel``). It
+loads its shard (the engine's ``ModelRunner`` with this rank's ``TensorParallel``), says
+ready, meets the other ranks (``process_group``), then repeats what rank 0
+broadcasts: ``(method, args)`` on its own runner (``execute``, ``warmup``,
+``allocate_kv_cache``, ``apply_swaps``, ``profile_run``), its results dropped
+(rank 0 samples). It exits when rank 0's pipe closes (rank
+0 is gone: it closed the pipe or died), or on an error, which it sends to rank 0 first; it is also killed
+with its parent (Linux ``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import pickle
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from fd_core.parallel.channel import ChannelClosed, WorkerChannel
+from fd_core.parallel.config import ParallelConfig
+
+__all__ = ["WorkerSpec", "main"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs, pickled by rank 0 onto the worker's stdin."""
+
+    config: ParallelConfig
+    backend: str  # the backend's name (``--backend`` resolved)
+    runner_cls: type  # the engine's ModelRunner (pickled by name)
+    model_dir: str
+    runner_kwargs: dict[str, Any]  # ModelRunner's keyword arguments, as rank 0 passed them
+    channel_path: str
+    wake_fd: int
+    answer_fd: int
+    device_id: int
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the closed wake pipe still ends the worker
+        pass
+
+
+def serve(spec: WorkerSpec) -> int:
+    """Load, meet the ranks, then run rank 0's calls until told to stop; the exit code."""
+    from fd_core.backends import get_backend
+    from fd_core.parallel.process_group import init_process_group
+    from fd_core.parallel.tensor_parallel import TensorParallel
+
+    cfg = spec.config
+    channel = WorkerChannel(spec.channel_path, spec.wake_fd, spec.answer_fd)
+    try:
+        backend = get_backend(spec.backend)
+        backend.set_device(spec.device_id)
+        tp = TensorParallel(cfg.rank, cfg.world_size)
+        runner = spec.runner_cls(spec.model_dir, backend, device_id=spec.device_id, tensor_parallel=tp,
+                             **spec.runner_kwargs)
+        channel.ready()
+        group = init_process_group(cfg, backend.info.collective_backend, spec.device_id)
+        tp.bind(backend.ops.communicator(cfg.world_size, cfg.rank, group.group))
+    except BaseException:
+        channel.error(f"rank {cfg.rank} failed to start: {traceback.format_exc()}")
+        return 1
+    while True:
+        try:
+            method, args = channel.receive()
+        except ChannelClosed:
+            return 0  # rank 0 is gone
+        try:
+            getattr(runner, method)(*args)
+        except BaseException:
+            channel.error(f"rank {cfg.rank} failed in {method}: {traceback.format_exc()}")
+            return 1
+
+
+def main() -> int:
+    _die_with_parent()
+    spec: WorkerSpec = pickle.load(sys.stdin.buffer)
+    logging.basicConfig(level=logging.WARNING,
+                        format=f"%(asctime)s %(levelname)s [tp rank {spec.config.rank}] %(name)s: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl+C reaches rank 0, which stops the workers
+    return serve(spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
