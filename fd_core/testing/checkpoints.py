@@ -69,6 +69,16 @@ SHAPES: dict[str, dict[str, Any]] = {  # config.json keys, as ERNIE-4.5-0.3B / -
         "intermediate_size": 3072, "num_hidden_layers": 18, "num_attention_heads": 16,
         "num_key_value_heads": 2, "head_dim": 128, "max_position_embeddings": 131072,
     },
+    # baidu/ERNIE-4.5-21B-A3B-PT (transformers' Ernie4_5_MoeConfig defaults): 42 GB of bf16;
+    # generate it with fd_core.testing.streamed_checkpoints (benchmarks/real_size.py)
+    "21b-a3b": {
+        **_COMMON, "model_type": "ernie4_5_moe", "vocab_size": 103424, "hidden_size": 2560,
+        "intermediate_size": 12288, "num_hidden_layers": 28, "num_attention_heads": 20,
+        "num_key_value_heads": 4, "head_dim": 128, "max_position_embeddings": 131072,
+        "moe_num_experts": 64, "moe_k": 6, "moe_num_shared_experts": 2, "moe_intermediate_size": 1536,
+        "moe_layer_start_index": 1, "moe_layer_end_index": 27, "moe_layer_interval": 1,
+        "moe_capacity": [64, 64, 64], "moe_gate": "topk", "moe_use_aux_free": True, "moe_norm_min": 1e-12,
+    },
 }
 _ARCHITECTURES = {  # (model_type, naming) -> architectures, as the real releases spell them
     ("ernie4_5", "pytorch"): "Ernie4_5ForCausalLM",
