@@ -18,36 +18,12 @@
 
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 
+#include "amx_tiles.h"
 #include "tiling.h"
 
 namespace {
 
 using fdx86::LinearArgs;
-
-// ldtilecfg's 64-byte operand (palette 1)
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-  uint8_t reserved2[16];
-};
-
-// Every tile 16 rows x 64 bytes: C 0-3 (int32 16 x 16), A 4-5, B 6-7.
-inline void load_config() {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof cfg);
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  // _tile_loadconfig's asm names only 8 bytes of cfg as its input: make
-  // every store above happen first
-  __asm__ __volatile__("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
-}
 
 inline __mmask16 mask16(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
 

@@ -26,6 +26,7 @@
 
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 
+#include "amx_tiles.h"
 #include "kernels.h"
 
 namespace {
@@ -42,29 +43,6 @@ inline __mmask16 mask16(int64_t n) {
 }
 inline __mmask32 mask32(int64_t n) {
   return n <= 0 ? (__mmask32)0 : n >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << n) - 1u);
-}
-
-// ldtilecfg's 64-byte operand (palette 1)
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-  uint8_t reserved2[16];
-};
-
-// Every tile 16 rows x 64 bytes
-inline void load_config() {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof cfg);
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  __asm__ __volatile__("" : : "r"(&cfg) : "memory");  // every store above first
-  _tile_loadconfig(&cfg);
 }
 
 // x fp32 [M, K] -> bf16 (RNE) [Mp, kp] as uint16, zero past K and past M
