@@ -22,6 +22,14 @@ with wint4 dense layers too), and ``wint8-qh`` / ``w8a8-qh``: the same with
 the LM head quantized too (opt-in ``lm_head_quant_type``: wint8, w8a8; by
 default the head stays float, as in FastDeploy).
 
+Issue 22's methods (not in the default list; name them with ``--methods``):
+``block_wise_fp8``, ``w4a8`` (every linear and the experts) and
+``w4a8-moe`` (FastDeploy's split: dense wint8, routed experts w4a8).
+``--shapes mid-moe`` is ``benchmarks/moe_decode.py``'s mid-size MoE
+(hidden 1024, 16 experts, top-4; generated with its overrides).
+
+    python benchmarks/quant_agreement.py --shapes 0.3b mid-moe --methods wint8 block_wise_fp8 w4a8 w4a8-moe
+
 Checkpoints are generated (seeded random weights, so the numbers describe
 these models, not trained ERNIE weights) under ``checkpoints/``, once.
 """
@@ -54,11 +62,20 @@ ALIASES = {  # FastDeploy's mixed form: wint4 for dense layers too (plain wint4 
     # "quantized head": the opt-in int8 LM head (by default it stays float, as in FastDeploy)
     "wint8-qh": {"quantization": "wint8", "lm_head_quant_type": "wint8"},
     "w8a8-qh": {"quantization": "w8a8", "lm_head_quant_type": "w8a8"},
+    # FastDeploy's W4A8 split: int4 x int8 routed experts, dense layers wint8
+    "w4a8-moe": {"quantization": "mix_quant", "dense_quant_type": "wint8", "moe_quant_type": "w4a8"},
 }
 
 
 def checkpoint(shape: str, root: Path) -> Path:
     out = root / f"quant-agreement-{shape}-paddle"
+    if shape == "mid-moe":  # moe_decode.py's checkpoint, generated there with its overrides
+        from moe_decode import CHECKPOINT, MID_MOE
+
+        out = CHECKPOINT
+        if not (out / "config.json").is_file():
+            generate_checkpoint(out, "tiny-moe", naming="paddle", seed=3, **MID_MOE)
+        return out
     if not (out / "config.json").is_file():
         print(f"generating {out} (once)", file=sys.stderr, flush=True)
         generate_checkpoint(out, shape, naming="paddle", seed=0)

@@ -8,7 +8,8 @@ same B requests each under a JSON schema (an object with one string of at
 least 4096 characters, so no request ends early; ``min_tokens`` keeps the
 unconstrained ones going too), alternating ``--repeats`` times; prints
 output tokens/s of both and the ratio unconstrained / constrained (target at
-B=8: <= 1.15). Then the compile time per schema of the test set
+B=8: <= 1.15), and the process's CPU time per output token of both (all
+threads; on a shared machine less noisy than the wall clock). Then the compile time per schema of the test set
 (``tests/structured/schemas.py``) on the model's vocabulary.
 
     python benchmarks/structured.py                       # B = 1, 8, 32
@@ -46,16 +47,16 @@ def checkpoint() -> Path:
     return CHECKPOINT
 
 
-def run(llm, batch: int, tokens: int, constrained: bool) -> tuple[float, int]:
+def run(llm, batch: int, tokens: int, constrained: bool) -> tuple[float, float, int]:
     from fd_core import SamplingParams
 
     guided = {"json": LONG_OBJECT} if constrained else None
     params = [SamplingParams(max_tokens=tokens, min_tokens=tokens, seed=i, guided_decoding=guided)
               for i in range(batch)]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     outs = llm.generate(["Give me a JSON object:"] * batch, params, use_tqdm=False)
-    wall = time.perf_counter() - start
-    return wall, sum(len(o.outputs[0].token_ids) for o in outs)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return wall, cpu, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
 def main() -> None:
@@ -74,14 +75,17 @@ def main() -> None:
               max_model_len=512, max_num_seqs=max(args.batch), guided_decoding_disable_any_whitespace=False)
     run(llm, 1, 4, True)  # warm-up: builds the grammar vocabulary once
     for batch in args.batch:
-        free, guided = [], []
+        free, guided, free_cpu, guided_cpu = [], [], [], []
         for _ in range(args.repeats):
-            for constrained, into in ((False, free), (True, guided)):
-                wall, n = run(llm, batch, args.tokens, constrained)
+            for constrained, into, into_cpu in ((False, free, free_cpu), (True, guided, guided_cpu)):
+                wall, cpu, n = run(llm, batch, args.tokens, constrained)
                 into.append(n / wall)
+                into_cpu.append(cpu / n * 1e3)
         f, g = statistics.median(free), statistics.median(guided)
+        fc, gc = statistics.median(free_cpu), statistics.median(guided_cpu)
+        # CPU ms per token (all threads): less swayed than tok/s by other processes on a shared machine
         print(f"B={batch:3d}: unconstrained {f:8.1f} tok/s, constrained {g:8.1f} tok/s, "
-              f"ratio {f / g:.3f}", flush=True)
+              f"ratio {f / g:.3f}; CPU ms/token {fc:.2f} vs {gc:.2f}, ratio {gc / fc:.3f}", flush=True)
     from fd_core.sampling.guided import GuidedDecodingParams
     from tests.structured.schemas import SCHEMAS
 

@@ -51,6 +51,15 @@ class EngineArgs:
     swap_space: float = 0.0  # GiB of host memory for evicted prefix-cache blocks
     enable_chunked_prefill: bool | None = None  # default on unless FD_DISABLE_CHUNKED_PREFILL=1
     tensor_parallel_size: int = 1
+    # --enable-expert-parallel: a MoE model's routed experts partitioned over the TP ranks
+    # (fd_core.parallel.expert_parallel); attention and shared experts stay tensor-parallel
+    enable_expert_parallel: bool = False
+    # --data-parallel-size: engine replicas behind one API server (fd_core.engine.dp_client);
+    # each engine core is one replica and runs with 1 here
+    data_parallel_size: int = 1
+    # --ips: the hosts of a multi-node --tensor-parallel-size, the first the master
+    # (fd_core.parallel.multinode); a list or FastDeploy's comma-separated text
+    ips: str | list[str] | None = None
     quantization: str | dict[str, Any] | None = None
     use_cudagraph: bool = False
     speculative_config: str | dict[str, Any] | None = None
@@ -125,7 +134,8 @@ class EngineArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
 
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                     "num_gpu_blocks_override", "tensor_parallel_size", "max_num_partial_prefills",
+                     "num_gpu_blocks_override", "tensor_parallel_size", "data_parallel_size",
+                     "max_num_partial_prefills",
                      "max_long_partial_prefills"):
             positive(name)
         if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
@@ -172,6 +182,8 @@ class EngineArgs:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.swap_space < 0:
             raise ValueError(f"--swap-space must be >= 0 GiB, got {self.swap_space}")
+        if not isinstance(self.enable_expert_parallel, bool):
+            raise ValueError(f"--enable-expert-parallel must be true or false, got {self.enable_expert_parallel!r}")
         # --tensor-parallel-size N > 1 runs N ranks (fd_core.parallel); whether N splits the model's
         # heads, KV heads, vocabulary and intermediate sizes is checked against its config at engine start
         parse_quantization(self.quantization, lm_head_fp32=self.lm_head_fp32)  # raises naming an unknown or unimplemented method
@@ -182,9 +194,18 @@ class EngineArgs:
         if self.use_cudagraph:
             raise UnsupportedFeatureError("--use-cudagraph: graph capture (CUDA graphs) is not implemented yet "
                                           "(issue 16)")
-        if self.speculative_config:
+        self._check_speculative_config()
+
+    def _check_speculative_config(self) -> None:
+        """--speculative-config parses (keys and values named when wrong); the
+        n-gram and suffix methods run, MTP is refused until its drafter exists."""
+        from fd_core.spec_decode.config import parse_speculative_config
+
+        spec = parse_speculative_config(self.speculative_config)
+        if spec is not None and spec.method == "mtp":
             raise UnsupportedFeatureError(
-                "--speculative-config: speculative decoding is not implemented yet (issue 20)"
+                "--speculative-config method 'mtp': the ERNIE MTP drafter is not implemented yet (issue 20); "
+                "use method 'ngram' or 'suffix'"
             )
 
     def _check_logits_processor_modules(self) -> None:

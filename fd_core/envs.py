@@ -126,6 +126,12 @@ VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
     "FD_DISABLE_CHUNKED_PREFILL": (_bool(False), "1 turns chunked prefill off"),
     "FD_CPU_NUM_THREADS": (_int(None, 1), "threads for the CPU backend's kernels; default: all cores"),
     "FD_CPU_KVCACHE_SPACE": (_float(None), "GiB cap on the CPU backend's KV cache; unset: sized to need"),
+    "FD_TP_RENDEZVOUS_TIMEOUT": (_int(120, 1), "seconds the tensor-parallel ranks wait for each other to "
+                                 "meet before the engine fails naming the missing rank; default 120"),
+    "FD_MASTER_PORT": (_int(8190, 1), "--ips: the TCP port of the first host's rendezvous (the next port "
+                       "carries the step messages to the other hosts); default 8190"),
+    "FD_NODE_RANK": (_int(None, 0), "--ips: this host's position in the list; default: found from this "
+                     "host's addresses"),
     # the raw text: the CLI splits it on commas (each key works, like --api-key repeated)
     "FD_API_KEY": (_str(None), "comma-separated API keys the server accepts (like --api-key, repeatable)"),
     "FD_LOG_LEVEL": (_choice(None, LOG_LEVELS, upper=True),

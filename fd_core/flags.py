@@ -113,12 +113,15 @@ _IMPLEMENTED_ENGINE = [
     "--enable-prefix-caching", "--enable-chunked-prefill", "--max-num-partial-prefills",
     "--max-long-partial-prefills", "--long-prefill-token-threshold", "--max-logprobs",
     "--speculative-config", "--use-cudagraph", "--guided-decoding-backend",
-    "--guided-decoding-disable-any-whitespace",
+    "--guided-decoding-disable-any-whitespace", "--enable-expert-parallel", "--data-parallel-size",
+    "--ips",
 ]
 _IMPLEMENTED_SERVER = [
     "--port", "--host", "--workers", "--metrics-port", "--max-waiting-time", "--max-concurrency",
     "--timeout-graceful-shutdown", "--api-key", "--reasoning-parser", "--tool-call-parser",
     "--tool-parser-plugin",
+    # multimodal input (ERNIE-4.5-VL; fd_core.entrypoints.openai.mm_content)
+    "--enable-mm", "--limit-mm-per-prompt", "--mm-processor-kwargs",
     # the global scheduler (fd_core.cluster)
     "--scheduler-name", "--scheduler-host", "--scheduler-port", "--scheduler-db", "--scheduler-password",
     "--scheduler-topic", "--scheduler-ttl", "--scheduler-min-load-score", "--scheduler-load-shards-num",
@@ -159,19 +162,13 @@ FLAGS: list[Flag] = [
         "sync-period", "release-load-expire-period", "reader-parallel", "writer-parallel",
         "reader-batch-size", "writer-batch-size"]),
     # -- features later issues build ------------------------------------------------
-    _ny("--data-parallel-size", "data parallelism", 17, neutral=(None, 1), type=int),
-    _ny("--enable-expert-parallel", "expert parallelism", 17, type=BOOL),
     _ny("--enable-eplb", "expert-parallel load balancing", 17, type=BOOL),
     _ny("--eplb-config", "expert-parallel load balancing", 17, type=parse_json_or_str),
     _ny("--use-internode-ll-two-stage", "expert parallelism across nodes", 17, type=BOOL),
-    _ny("--ips", f"{PAR} (several nodes)", 17, type=parse_csv),
     _ny("--splitwise-role", "prefill/decode disaggregation", 18, neutral=(None, "mixed")),
     _ny("--innode-prefill-ports", "prefill/decode disaggregation", 18),
     _ny("--router", "the router in front of several instances", 18),
     _ny("--kvcache-storage-backend", "a KV-cache storage backend", 18),
-    _ny("--enable-mm", MM, 21, type=BOOL),
-    _ny("--limit-mm-per-prompt", MM, 21, type=parse_json_or_str),
-    _ny("--mm-processor-kwargs", MM, 21, type=parse_json_or_str),
     _ny("--max-encoder-cache", MM, 21, neutral=(None, -1), type=int),
     _ny("--max-processor-cache", MM, 21, neutral=(None, -1, -1.0), type=float),
     _ny("--disable-chunked-mm-input", MM, 21, type=BOOL),

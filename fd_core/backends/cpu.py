@@ -107,7 +107,7 @@ def fd_device_memory(device_id: int) -> MemoryInfo:
 def fd_device_capabilities() -> Capabilities:
     # The reference numerics of every built-in method (fd_core.quantization) and
     # KV-cache dtype (fd_core.ops.kv_dtype).
-    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8"),
+    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8", "block_wise_fp8", "w4a8"),
                         kv_cache_dtypes=("float32", "bfloat16", "float16", "int8", "fp8"))
 
 

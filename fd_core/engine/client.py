@@ -68,6 +68,12 @@ class EngineStats:
     num_enqueued: int = 0  # received by the engine, not yet handed to its scheduler
     num_free_uncached_blocks: int = 0  # free blocks holding no cached prefix
     num_cached_blocks: int = 0  # blocks holding a cached prefix, in use or free
+    # speculative decoding, totals since start (0 when off): drafts scored, accepted,
+    # tokens emitted by the steps that verified drafts, and those request-steps
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_emitted_tokens: int = 0
+    spec_num_verify_steps: int = 0
     time: float = 0.0  # time.time() when taken; 0: never
 
 
@@ -204,6 +210,8 @@ def engine_info_of(core: Any) -> EngineInfo:
 def _stats_of(core: Any) -> EngineStats:
     """EngineStats from an EngineCore (called in the engine's own thread/process)."""
     st = core.scheduler.make_stats()
+    spec = getattr(core, "spec", None)
+    sp = spec.stats if spec is not None else None
     return EngineStats(
         num_running=st.num_running,
         num_waiting=st.num_waiting,
@@ -216,5 +224,9 @@ def _stats_of(core: Any) -> EngineStats:
         num_preempted=st.num_preempted,
         num_free_uncached_blocks=st.num_free_uncached_blocks,
         num_cached_blocks=st.num_cached_blocks,
+        spec_num_draft_tokens=sp.num_draft_tokens if sp else 0,
+        spec_num_accepted_tokens=sp.num_accepted_tokens if sp else 0,
+        spec_num_emitted_tokens=sp.num_emitted_tokens if sp else 0,
+        spec_num_verify_steps=sp.num_verify_steps if sp else 0,
         time=time.time(),
     )

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from fd_core.backends import get_backend
-from fd_core.config import EngineArgs, host_available_bytes, host_swap_blocks, kv_cache_blocks
+from fd_core.config import (
+    EngineArgs,
+    UnsupportedFeatureError,
+    host_available_bytes,
+    host_swap_blocks,
+    kv_cache_blocks,
+)
 from fd_core.engine.config import CacheConfig, SchedulerConfig
 from fd_core.engine.guided import failed_output, finish_status, structured_outputs
 from fd_core.engine.model_runner import ModelRunner, StepInput
@@ -20,6 +26,8 @@ from fd_core.engine.outputs import EngineCoreOutput, Logprob, PositionLogprobs
 from fd_core.engine.request import EngineCoreRequest, Request, RequestStatus
 from fd_core.engine.request_setup import default_seed, thinking_tokens
 from fd_core.engine.scheduler import Scheduler
+from fd_core.engine.speculative import SpeculativeDecoder
+from fd_core.engine.speculative import step_input as speculative_step_input
 from fd_core.model_loader import resolve_model_path
 from fd_core.models.config import load_config
 from fd_core.parallel.driver import make_runner
@@ -36,6 +44,7 @@ from fd_core.sampling.logits_processors import (
 )
 from fd_core.sampling.logprobs import Logprobs, compute_prompt_logprobs
 from fd_core.sampling.sampler import Sampler, SamplingState
+from fd_core.spec_decode.config import parse_speculative_config
 
 __all__ = ["EngineCore", "EngineCoreRequest", "StepStats"]
 
@@ -72,6 +81,11 @@ class EngineCore:
 
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
+        if args.data_parallel_size > 1:
+            raise UnsupportedFeatureError(
+                f"data_parallel_size={args.data_parallel_size}: one engine core is one replica; fd-serve "
+                f"--data-parallel-size {args.data_parallel_size} runs replicas behind one server (offline, "
+                "start one LLM per replica)")
         # request features first: a bad flag fails before the model loads
         early_stop = EarlyStopConfig.from_args(args.enable_early_stop, args.early_stop_config)
         self.backend = get_backend(args.backend)
@@ -99,7 +113,8 @@ class EngineCore:
         self.backend.set_device(0)
         # load the weights first, then size the KV cache from the memory they left
         self.runner = make_runner(  # a ModelRunner, or rank 0 of --tensor-parallel-size ranks
-            ModelRunner, self.model_dir, self.backend, args.tensor_parallel_size, block_size=args.block_size,
+            ModelRunner, self.model_dir, self.backend, args.tensor_parallel_size,
+            enable_expert_parallel=args.enable_expert_parallel, ips=args.ips, block_size=args.block_size,
             max_model_len=args.max_model_len, quantization=self.quantization, dtype=args.dtype,
         )
         kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, args.quantization, self.backend.name, kv_dtypes,
@@ -139,6 +154,9 @@ class EngineCore:
             self.runner.warmup()
         self.sampler = Sampler(self.backend.ops, model_config.vocab_size,
                                logits_processors=processors, early_stop=early_stop)
+        spec_config = parse_speculative_config(args.speculative_config)
+        self.spec = None if spec_config is None else SpeculativeDecoder(
+            spec_config, model_config.vocab_size, args.max_model_len, early_stop=early_stop is not None)
         self.structured = structured_outputs(args, args.tokenizer or self.model_dir, model_config.vocab_size,
                                              model_config.eos_token_ids, self.thinking)
         self._num_unseeded = 0  # unseeded requests so far: k of default_seed(args.seed, k)
@@ -200,12 +218,18 @@ class EngineCore:
             self.structured.add(req.request_id, params.guided_decoding, request, request.output_token_ids,
                                 req.prompt_token_ids, state.reasoning)
         self._states[req.request_id] = state
+        if self.spec is not None:
+            self.spec.add_request(req.request_id, req.prompt_token_ids, state, params.guided_decoding is not None,
+                                  multimodal=mm is not None)
         if seeded_by_engine:
             self._num_unseeded += 1
 
     def abort(self, request_ids: list[str], reason: RequestStatus = RequestStatus.FINISHED_ABORTED,
               stop_reason: int | str | None = None) -> None:
         """Finish requests now (client abort, or a stop string found outside)."""
+        if self.spec is not None:
+            for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+                self.spec.finish(rid, keep_output=reason != RequestStatus.FINISHED_ABORTED)
         for req in self.scheduler.finish_requests(request_ids, reason, stop_reason):
             self._drop(req.request_id)
         for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
@@ -219,6 +243,8 @@ class EngineCore:
         self._states.pop(request_id, None)
         self._prompt_logprobs.pop(request_id, None)
         self._mm_inputs.pop(request_id, None)
+        if self.spec is not None:
+            self.spec.finish(request_id)
 
     # -------------------------------------------------------------- step
 
@@ -236,12 +262,15 @@ class EngineCore:
         if out.swap_out or out.swap_in:
             self.runner.apply_swaps(out.swap_out, out.swap_in)
         sampled: dict[str, list[int]] = {}
-        new_logprobs: dict[str, PositionLogprobs] = {}
+        new_logprobs: dict[str, list[PositionLogprobs]] = {}
         early_stopped: set[str] = set()
         grammar_ended: dict[str, str | None] = {}
+        verified: list[tuple[Any, int]] = []  # (scheduled request with drafts, its first row)
         scheduled = out.scheduled
         if scheduled:
             wants_prompt = [self._wants_prompt_logprobs(s) for s in scheduled]
+            drafted = [s.num_draft_tokens > 0 for s in scheduled]  # speculative: every row scored
+            mm_inputs = [self._mm_inputs.get(s.request_id) for s in scheduled] if self._mm_inputs else []
             step = StepInput(
                 token_ids=[s.token_ids for s in scheduled],
                 seq_lens=[s.seq_len for s in scheduled],
@@ -249,13 +278,16 @@ class EngineCore:
                 num_decodes=out.num_decodes,
                 needs_logits=[s.samples for s in scheduled],
                 all_logits=wants_prompt,
-                mm_inputs=[self._mm_inputs.get(s.request_id) for s in scheduled] if self._mm_inputs else [],
-            )
+                mm_inputs=mm_inputs,
+            ) if not any(drafted) else speculative_step_input(scheduled, out.num_decodes, wants_prompt, mm_inputs)
             logits = self.runner.execute(step)  # None when no request needs logits
             stats.forward_seconds = time.perf_counter() - start
             rows, states, row = [], [], 0
-            for s, whole in zip(scheduled, wants_prompt):
-                if whole:
+            for s, whole, draft in zip(scheduled, wants_prompt, drafted):
+                if draft:
+                    verified.append((s, row))
+                    row += s.num_tokens
+                elif whole:
                     self._record_prompt_logprobs(s, logits[row : row + s.num_tokens])
                     row += s.num_tokens
                     if s.samples:
@@ -268,7 +300,7 @@ class EngineCore:
             if states and logits is not None:
                 t0 = time.perf_counter()
                 sample_logits = logits if len(rows) == int(logits.shape[0]) else logits[rows]
-                ids = [s.request_id for s in scheduled if s.samples]
+                ids = [s.request_id for s, d in zip(scheduled, drafted) if s.samples and not d]
                 mask = self.structured.bitmask(ids)
                 result = self.sampler.sample(sample_logits, states, mask)
                 if mask is not None:
@@ -277,9 +309,20 @@ class EngineCore:
                 for rid, tok, lp in zip(ids, result.sampled_token_ids, result.logprobs):
                     sampled[rid] = [tok]
                     if lp is not None:
-                        new_logprobs[rid] = _position_logprobs(lp)
+                        new_logprobs[rid] = [_position_logprobs(lp)]
                 early_stopped = {rid for rid, hit in zip(ids, result.early_stopped) if hit}
+            if verified and self.spec is not None:
+                t0 = time.perf_counter()
+                tokens, spec_logprobs = self.spec.verify(logits, verified)
+                sampled.update(tokens)
+                for rid, entries in spec_logprobs.items():
+                    new_logprobs[rid] = [_position_logprobs(e) for e in entries]
+                stats.sample_seconds += time.perf_counter() - t0
         updates = self.scheduler.update_from_output(out, sampled)
+        spec_step: dict[str, tuple[int, int]] = {}  # request id -> (drafted, accepted) this step
+        if self.spec is not None:
+            spec_step = self.spec.last_step if verified else {}
+            self.spec.after_update(updates, self.scheduler)
         now = time.time()
         outputs = self._pending
         self._pending = []
@@ -298,10 +341,13 @@ class EngineCore:
             output = EngineCoreOutput(
                 request_id=rid,
                 new_token_ids=update.new_token_ids,
-                new_logprobs=[new_logprobs[rid]] if rid in new_logprobs and update.new_token_ids else None,
+                new_logprobs=(new_logprobs[rid][: len(update.new_token_ids)]
+                              if rid in new_logprobs and update.new_token_ids else None),
                 finish_reason=req.finish_reason if finished else None,
                 stop_reason=req.stop_reason if finished else None,
                 num_cached_tokens=req.num_cached_tokens,
+                num_draft_tokens=spec_step.get(rid, (0, 0))[0],
+                num_accepted_tokens=spec_step.get(rid, (0, 0))[1],
                 events=events,
             )
             if rid in self._prompt_logprobs and req.num_output_tokens == 1:

@@ -140,6 +140,21 @@ class KVCacheManager:
         self.pool.cache_full_blocks(blocks[start:num_full], request.block_hashes[start:num_full])
         self._num_cached_blocks[req_id] = num_full
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Give back the request's blocks past the first ``num_tokens`` tokens,
+        tail first: the blocks that held only rejected draft tokens
+        (speculative decoding). Cached blocks hold verified tokens only and
+        are never in that tail. Called by the scheduler after verification."""
+        blocks = self._req_blocks.get(request.request_id)
+        keep = self.num_blocks_for(num_tokens)
+        if not blocks or len(blocks) <= keep:
+            return
+        assert self._num_cached_blocks.get(request.request_id, 0) <= keep, "a cached block past the verified tokens"
+        tail = blocks[keep:]
+        del blocks[keep:]
+        del self._req_block_ids[request.request_id][keep:]
+        self.pool.free_blocks(reversed(tail))
+
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first (finished, aborted or
         preempted). Cached ones stay findable until evicted."""

@@ -171,6 +171,8 @@ class OutputProcessor:
                 m.first_token_time = m.first_token_time or now
                 m.last_token_time = now
                 m.num_generation_tokens += len(out.new_token_ids)
+            m.num_draft_tokens += out.num_draft_tokens
+            m.num_accepted_tokens += out.num_accepted_tokens
             if out.prompt_logprobs is not None:
                 parent.prompt_logprobs = out.prompt_logprobs
             parent.num_cached_tokens = max(parent.num_cached_tokens, out.num_cached_tokens)

@@ -48,6 +48,9 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # "stop", "length", "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # speculative decoding, this step: draft tokens verified and of them accepted
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     events: dict[str, float] = field(default_factory=dict)  # "scheduled"/"first_token"/"finished" -> time
 
     @property
@@ -65,6 +68,14 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     num_generation_tokens: int = 0
+    # speculative decoding: draft tokens verified for the request, and of them accepted
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def draft_acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens (None when nothing was drafted)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 
     @property
     def time_in_queue(self) -> float | None:
@@ -131,7 +142,8 @@ class CompletionOutput:
 
     @property
     def draft_token_ids(self) -> list[int]:
-        """FastDeploy's name: speculative draft tokens; no speculative decoding here, so empty."""
+        """FastDeploy's name: speculative draft tokens; fd-core does not report drafts (only
+        their counts, in ``RequestOutput.metrics``), so empty."""
         return []
 
 

@@ -9,6 +9,16 @@ preempted: its blocks are freed and it goes back to the *front* of the
 waiting queue, to be recomputed (prompt + outputs so far) when re-admitted.
 A step that preempted admits nobody.
 
+Speculative decoding: the engine core hands a running request's draft tokens
+in with ``set_draft_token_ids`` after a step; the next ``schedule`` gives a
+request that is decoding ``1 + d`` tokens (its last token, then the drafts),
+counted in the budget, with the drafts cut to the budget, ``max_model_len``
+and, when blocks run short, to none before anyone is preempted.
+``update_from_output`` takes the verified tokens (accepted drafts, then the
+target's token) and rolls the rest back: ``num_computed_tokens`` counts only
+verified tokens, the prefix cache registers only blocks full of them, and
+blocks that held only rejected drafts go back to the pool.
+
 Called by the engine core, in a loop: ``add_request`` / ``abort`` /
 ``finish_requests`` as messages arrive, then ``schedule`` -> run the model ->
 ``update_from_output``.
@@ -48,6 +58,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()  # FCFS; preempted requests re-enter at the front
         self.running: list[Request] = []  # admission order
         self._finished_ids: list[str] = []  # since the last schedule()
+        self._draft_token_ids: dict[str, list[int]] = {}  # request id -> drafts for the next step
         self.num_preemptions = 0
         self._last_step = SchedulerOutput()
         capacity = cache_config.num_usable_blocks * cache_config.block_size
@@ -123,6 +134,16 @@ class Scheduler:
             finished.append(req)
         return finished
 
+    def set_draft_token_ids(self, request_id: str, draft_token_ids: Sequence[int]) -> None:
+        """Drafts to verify at the request's next decode step (speculative
+        decoding). Called by the engine core after ``update_from_output``;
+        used once, by the next ``schedule``, and only if the request is then
+        decoding (a preempted or finished request's drafts are dropped)."""
+        if draft_token_ids and request_id in self.requests:
+            self._draft_token_ids[request_id] = list(draft_token_ids)
+        else:
+            self._draft_token_ids.pop(request_id, None)
+
     def abort(self, request_id: str) -> Request | None:
         """Abort a request (running or waiting); its blocks are freed at once."""
         finished = self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
@@ -137,15 +158,20 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
         partials = PartialPrefills(self.config)
+        drafts_of, self._draft_token_ids = self._draft_token_ids, {}
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = self._num_new_tokens(req, req.num_computed_tokens, budget)
+            drafts = self._usable_drafts(req, drafts_of.get(req.request_id), budget)
+            num_new = 1 + len(drafts) if drafts else self._num_new_tokens(req, req.num_computed_tokens, budget)
             if num_new == 0:
                 i += 1
                 continue
             while kv.allocate_slots(req, num_new) is None:
+                if drafts:  # short of blocks: decode without drafts before preempting anyone
+                    drafts, num_new = [], 1
+                    continue
                 # the most recently admitted; never one already scheduled this step
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -154,7 +180,7 @@ class Scheduler:
                     break
             if req.status != RequestStatus.RUNNING:  # it preempted itself: nothing to take from
                 break
-            scheduled.append(self._scheduled(req, num_new))
+            scheduled.append(self._scheduled(req, num_new, drafts))
             partials.count(req, req.num_computed_tokens, num_new)
             budget -= num_new
             i += 1
@@ -188,10 +214,11 @@ class Scheduler:
             budget -= num_new
 
         decodes = [s for s in scheduled if s.num_tokens == 1]
-        prefills = [s for s in scheduled if s.num_tokens != 1]
+        verifies = [s for s in scheduled if s.num_draft_tokens]
+        prefills = [s for s in scheduled if s.num_tokens != 1 and not s.num_draft_tokens]
         swap_out, swap_in = kv.take_swap_ops()
         output = SchedulerOutput(
-            scheduled=decodes + prefills,
+            scheduled=decodes + verifies + prefills,
             num_decodes=len(decodes),
             num_scheduled_tokens={s.request_id: s.num_tokens for s in scheduled},
             total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
@@ -235,19 +262,32 @@ class Scheduler:
                     f"request {s.request_id}: output of a stale step (computed "
                     f"{req.num_computed_tokens} tokens, the step started at {s.num_computed_tokens})"
                 )
-            req.num_computed_tokens += s.num_tokens
-            kv.cache_blocks(req, req.num_computed_tokens)
             if not s.samples:
+                req.num_computed_tokens += s.num_tokens
+                kv.cache_blocks(req, req.num_computed_tokens)
                 continue
             token_ids = sampled.get(s.request_id)
             if not token_ids:
                 raise ValueError(f"request {s.request_id} sampled this step but got no token ids")
+            num_rejected = 0
+            if s.num_draft_tokens:  # verified drafts, then the target's own token
+                num_rejected = s.num_draft_tokens - (len(token_ids) - 1)
+                if num_rejected < 0:
+                    raise ValueError(f"request {s.request_id}: {len(token_ids)} tokens for a step with "
+                                     f"{s.num_draft_tokens} drafts (at most drafts + 1)")
+            # the KV of rejected drafts is not counted: the next step overwrites it
+            req.num_computed_tokens += s.num_tokens - num_rejected
             new_token_ids = []
             for token_id in token_ids:
                 req.append_output_token_id(token_id)
                 new_token_ids.append(token_id)
                 if self._check_stop(req):
                     break
+            # a stop among accepted drafts: the tokens after it were never emitted
+            req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
+            kv.cache_blocks(req, req.num_computed_tokens)  # verified tokens only
+            if s.num_draft_tokens and not req.is_finished:
+                kv.trim(req, req.num_computed_tokens)  # blocks that held only rejected drafts
             if req.is_finished:
                 self.running.remove(req)
                 self._free_finished(req)
@@ -309,17 +349,29 @@ class Scheduler:
             num_new = min(num_new, threshold)
         return min(num_new, budget)
 
-    def _scheduled(self, req: Request, num_new: int) -> ScheduledRequest:
+    def _usable_drafts(self, req: Request, drafts: list[int] | None, budget: int) -> list[int]:
+        """The part of ``drafts`` this step can verify: none unless ``req`` is
+        decoding (one token left to compute); cut to the budget (the last token
+        comes first) and so the step's KV stays within max_model_len."""
+        if not drafts or req.num_computed_tokens != req.num_tokens - 1:
+            return []
+        room = min(budget - 1, self.config.max_model_len - req.num_tokens)
+        return drafts[: max(room, 0)]
+
+    def _scheduled(self, req: Request, num_new: int, drafts: Sequence[int] = ()) -> ScheduledRequest:
         start = req.num_computed_tokens
+        num_known = num_new - len(drafts)
         return ScheduledRequest(
             request_id=req.request_id,
-            token_ids=req.all_token_ids[start : start + num_new],
+            token_ids=req.all_token_ids[start : start + num_known] + list(drafts),
             num_computed_tokens=start,
             block_ids=self.kv_cache_manager.get_block_ids(req),
-            samples=start + num_new == req.num_tokens,
+            samples=start + num_known == req.num_tokens,
+            num_draft_tokens=len(drafts),
         )
 
     def _preempt(self, req: Request) -> None:
+        self._draft_token_ids.pop(req.request_id, None)
         self.kv_cache_manager.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
@@ -350,6 +402,7 @@ class Scheduler:
         return False
 
     def _free_finished(self, req: Request) -> None:
+        self._draft_token_ids.pop(req.request_id, None)
         req.finish_time = time.time()
         self.kv_cache_manager.free(req)
         del self.requests[req.request_id]

@@ -29,6 +29,9 @@ class ScheduledRequest:
     # the step computes the request's last known token: return its logits and
     # sample (False for a prefill chunk that does not finish the prompt)
     samples: bool
+    # speculative decoding: the last token_ids are this many draft tokens to verify
+    # (the step returns logits for every new token, and keeps only the verified ones)
+    num_draft_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -45,8 +48,9 @@ class SchedulerOutput:
     """One step. The runner copies ``swap_out``, then ``swap_in``, then runs the
     forward over ``scheduled`` (which may be empty when only copies are due)."""
 
-    # decodes (exactly one new token) first, then prefill chunks; within each
-    # group running requests in admission order, then newly admitted ones
+    # decodes (exactly one new token) first, then decodes with draft tokens
+    # (speculative decoding), then prefill chunks; within each group running
+    # requests in admission order, then newly admitted ones
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     num_decodes: int = 0  # scheduled[:num_decodes] are decodes
     # request id -> new tokens this step

@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-num-batched-tokens", type=int, default=None)
     a("--block-size", type=int, default=64)
     a("--tensor-parallel-size", "-tp", "--tp", type=int, default=1)
+    a("--enable-expert-parallel", action="store_true",
+      help="MoE models: partition the routed experts over the --tensor-parallel-size ranks")
+    a("--ips", default=None,
+      help="multi-node TP: the hosts, comma-separated, the first the master (FD_MASTER_PORT, FD_NODE_RANK)")
+    a("--data-parallel-size", type=int, default=1,
+      help="engine replicas behind this server; each request goes to the least-loaded one")
     a("--quantization", type=_json_or_str, default=None, help="wint8, wint4, ... or FastDeploy's JSON form")
     a("--dtype", default="auto", help="weights' dtype: auto (the checkpoint's), bfloat16, float16, float32")
     a("--kv-cache-dtype", default="auto",
@@ -118,6 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
            "response_format / guided_* requests)")
     a("--guided-decoding-disable-any-whitespace", type=_bool, nargs="?", const=True, default=False,
       help="JSON constraints allow no whitespace between tokens (compact JSON)")
+    a("--enable-mm", action="store_true",
+      help="multimodal input (image content parts); on by itself for a multimodal model such as ERNIE-4.5-VL, "
+           "an error for a text model")
+    a("--limit-mm-per-prompt", type=_json_or_str, default=None,
+      help='images / videos one prompt may hold, e.g. \'{"image": 10, "video": 3}\' (default 100 each); '
+           "more is a 400")
+    a("--mm-processor-kwargs", type=_json_or_str, default=None,
+      help='image processor settings, e.g. \'{"image_max_pixels": 12845056}\' (image_min_pixels, '
+           "image_max_pixels; video_fps, video_min_frames, video_max_frames kept for video input)")
+    a("--allowed-local-media-path", default=None,
+      help="image_url parts may name local files (file:// URLs or paths) under this directory (default: none)")
+    a("--allowed-media-domains", nargs="+", default=None,
+      help="image_url parts may be http(s) URLs of these hosts, fetched by the server (default: none)")
     a("--disable-log-requests", action="store_true", help="no INFO line per request")
     a("--disable-fastapi-docs", action="store_true",
       help="serve no /docs, /redoc, /openapi.json (with --api-key they need the key)")
@@ -222,6 +241,9 @@ def engine_args_from(ns: argparse.Namespace) -> Any:
         max_long_partial_prefills=ns.max_long_partial_prefills,
         long_prefill_token_threshold=ns.long_prefill_token_threshold,
         tensor_parallel_size=ns.tensor_parallel_size,
+        enable_expert_parallel=ns.enable_expert_parallel,
+        data_parallel_size=ns.data_parallel_size,
+        ips=ns.ips,
         quantization=ns.quantization,
         lm_head_fp32=ns.lm_head_fp32,
         use_cudagraph=ns.use_cudagraph,
@@ -242,6 +264,7 @@ def engine_args_from(ns: argparse.Namespace) -> Any:
 def server_kwargs_from(ns: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments for the HTTP layer's ServerArgs."""
     from fd_core import envs
+    from fd_core.multimodal.options import MultiModalOptions
 
     names = ns.served_model_name or [ns.model]
     keys = tuple(ns.api_key or ()) or tuple(k.strip() for k in (envs.get("FD_API_KEY") or "").split(",")
@@ -262,6 +285,9 @@ def server_kwargs_from(ns: argparse.Namespace) -> dict[str, Any]:
         log_requests=not ns.disable_log_requests,
         fastapi_docs=not ns.disable_fastapi_docs,
         escape_special_tokens=ns.escape_special_tokens,
+        enable_mm=ns.enable_mm,
+        mm_options=MultiModalOptions.from_flags(ns.limit_mm_per_prompt, ns.mm_processor_kwargs,
+                                                ns.allowed_local_media_path, ns.allowed_media_domains),
     )
 
 

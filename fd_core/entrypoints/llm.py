@@ -36,6 +36,7 @@ from fd_core.entrypoints.llm_inputs import (
 )
 from fd_core.entrypoints.openai.chat_parsing import resolve_parser
 from fd_core.logging_setup import setup_logging
+from fd_core.multimodal.options import MultiModalOptions
 from fd_core.multimodal.prompt import MultiModalPrompts, split_chat_images
 from fd_core.sampling.params import SamplingParams
 
@@ -62,8 +63,11 @@ class LLM:
     """
 
     def __init__(self, model: str, *, reasoning_parser: str | None = None, tool_call_parser: str | None = None,
-                 tool_parser_plugin: str | None = None, **engine_args: Any) -> None:
+                 tool_parser_plugin: str | None = None, limit_mm_per_prompt: Any = None,
+                 mm_processor_kwargs: Any = None, **engine_args: Any) -> None:
         setup_logging("llm", console=not logging.getLogger().handlers)
+        # images per prompt and the image processor's pixel budget (FastDeploy's names; checked here)
+        self._mm_options = MultiModalOptions.from_flags(limit_mm_per_prompt, mm_processor_kwargs)
         envs.check_values()
         envs.log_no_effect(logger)
         if tool_parser_plugin is not None:
@@ -230,7 +234,8 @@ class LLM:
                 raise ValueError(f"this model ({config.architecture}) takes no images (multi_modal_data, "
                                  "image content parts); send text only or use a multimodal model such as "
                                  "ERNIE-4.5-VL")
-            self._mm = MultiModalPrompts(self.engine.core.model_dir, config)
+            self._mm = MultiModalPrompts(self.engine.core.model_dir, config, self._mm_options.limits["image"],
+                                         self._mm_options.processor_overrides)
         return self._mm
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

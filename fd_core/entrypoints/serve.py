@@ -69,14 +69,27 @@ def run_server(ns: argparse.Namespace) -> int:
     try:
         from fd_core.model_loader import resolve_model_path
         from fd_core.models.config import load_config
+        from fd_core.parallel.config import check_expert_parallel, check_tensor_parallel
 
-        load_config(resolve_model_path(engine_args.model, revision=engine_args.revision))
+        model_config = load_config(resolve_model_path(engine_args.model, revision=engine_args.revision))
+        check_tensor_parallel(model_config, engine_args.tensor_parallel_size)  # before any process starts
+        if engine_args.enable_expert_parallel:
+            check_expert_parallel(model_config, engine_args.tensor_parallel_size)
+        if engine_args.ips:  # --ips: a host other than the first runs its ranks, not a server
+            from fd_core.parallel.multinode import node_main
+
+            node_code = node_main(engine_args.ips, engine_args.tensor_parallel_size, engine_args.backend)
+            if node_code is not None:
+                return node_code
     except (OSError, ValueError) as exc:
         return _fail(str(exc), 2)
     try:  # listening before the engine loads: a taken port fails in seconds, not after the model loads
         sockets = _bind(ns.host, [ns.port, *([ns.metrics_port] if ns.metrics_port else [])], workers)
     except OSError as exc:
         return _fail(f"cannot listen on {ns.host}: {exc}", 1)
+    if workers > 1 and engine_args.data_parallel_size > 1:
+        return _fail(f"--data-parallel-size {engine_args.data_parallel_size} with --workers {workers}: several "
+                     "API processes over data-parallel replicas is not supported; use --workers 1", 2)
     if workers > 1:
         from fd_core.entrypoints.workers import run_workers
 
@@ -87,7 +100,14 @@ def run_server(ns: argparse.Namespace) -> int:
 
     logger.info("starting the engine process for %s", engine_args.model)
     try:
-        client = MPEngineClient(engine_args)
+        if engine_args.data_parallel_size > 1:  # N replicas behind this one client (fd_core.engine.dp_client)
+            from fd_core.engine.dp_client import DataParallelClient
+
+            client: Any = DataParallelClient(engine_args)
+        else:
+            client = MPEngineClient(engine_args)
+    except ValueError as exc:
+        return _fail(str(exc), 2)
     except EngineDeadError as exc:
         logger.error("%s", exc)
         return 1

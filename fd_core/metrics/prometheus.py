@@ -69,7 +69,9 @@ _TOKEN_BUCKETS = _buckets_1_2_5(33792)
 _RATIO_BUCKETS = [0.1, 0.2, 0.5, *_buckets_1_2_5(10000)]  # output tokens per second of one request
 # counters that follow engine totals (or stay 0): the same in every API process
 _ENGINE_COUNTERS = ("request_preempted", "prefix_cache_token_num", "prefix_gpu_cache_token_num",
-                    "prefix_cpu_cache_token_num", "prefix_storage_cache_token_num", "send_cache_failed_num")
+                    "prefix_cpu_cache_token_num", "prefix_storage_cache_token_num", "send_cache_failed_num",
+                    "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+                    "spec_decode_num_emitted_tokens")
 # hit_req_rate's parts, summed over API processes; never exported themselves
 _FINISHED, _FINISHED_WITH_HITS = "fd_core:finished_requests", "fd_core:finished_requests_with_prefix_hits"
 
@@ -158,6 +160,16 @@ class Metrics:
         self.prefix_storage_cache_token_num = counter("prefix_storage_cache_token_num",
                                                       "Total number of cached tokens on external cache storage")
         self.send_cache_failed_num = counter("send_cache_failed_num", "Total number of failures of sending cache")
+        # speculative decoding (FastDeploy's names; 0 with --speculative-config off)
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Total number of speculative draft tokens")
+        self.spec_accepted_tokens = counter("spec_decode_num_accepted_tokens",
+                                            "Total number of accepted speculative tokens")
+        self.spec_emitted_tokens = counter("spec_decode_num_emitted_tokens",
+                                           "Total number of tokens emitted by steps that verified drafts")
+        self.spec_acceptance_rate = gauge("spec_decode_draft_acceptance_rate",
+                                          "Acceptance rate of speculative decoding (accepted / drafted)")
+        self.spec_efficiency = gauge("spec_decode_efficiency",
+                                     "Efficiency of speculative decoding (emitted / (drafted + verify steps))")
         self.cache_config_info = Gauge(p + "cache_config_info", "Information of the engine's cache config",
                                        ["block_size", "num_gpu_blocks", "num_cpu_blocks", "enable_prefix_caching",
                                         "backend"], registry=r, multiprocess_mode="mostrecent")
@@ -257,6 +269,13 @@ class Metrics:
         self._follow(self.prefix_cache_token_num, "hits", st.prefix_cache_hits)
         self._follow(self.prefix_gpu_cache_token_num, "gpu_hits", st.prefix_cache_hits - st.prefix_cache_host_hits)
         self._follow(self.prefix_cpu_cache_token_num, "cpu_hits", st.prefix_cache_host_hits)
+        self._follow(self.spec_draft_tokens, "spec_drafts", st.spec_num_draft_tokens)
+        self._follow(self.spec_accepted_tokens, "spec_accepted", st.spec_num_accepted_tokens)
+        self._follow(self.spec_emitted_tokens, "spec_emitted", st.spec_num_emitted_tokens)
+        if st.spec_num_draft_tokens:
+            self.spec_acceptance_rate.set(st.spec_num_accepted_tokens / st.spec_num_draft_tokens)
+            most = st.spec_num_draft_tokens + st.spec_num_verify_steps
+            self.spec_efficiency.set(st.spec_num_emitted_tokens / most)
 
     def _follow(self, counter: Counter, key: str, total: int) -> None:
         """Advance ``counter`` to an engine total (totals only grow)."""

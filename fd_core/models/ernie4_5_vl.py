@@ -93,6 +93,10 @@ class Ernie4_5_VLForConditionalGeneration:
     """ERNIE-4.5-VL: vision tower + resampler + the modality-split MoE language model."""
 
     weight_dtypes = ("float32", "bfloat16", "float16")
+    # --quantization covers the language model (quantization.apply.quantize_model walks ``layers``:
+    # attention and dense/shared MLPs the dense method, text and vision experts the MoE method);
+    # the vision tower and the resampler stay float
+    quantizable = True
     is_multimodal = True  # the runner builds a MultiModalStep for it (fd_core.multimodal.step)
 
     def __init__(self, config: VLModelConfig, ops: Ops, max_position: int | None = None) -> None:

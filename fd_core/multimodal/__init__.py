@@ -9,10 +9,22 @@ model runner's per-step view (``step``: which rows take which image features).
 
 The API process and the offline ``LLM`` use ``image_processor`` and ``inputs``
 (numpy, PIL; no paddle); the engine's model runner uses ``step`` and
-``encoder_cache``. May import: fd_core.models (configs), fd_core._paddle (``step`` only).
+``encoder_cache``; the API server's ``options`` (the multimodal flags) is pure Python.
+May import: fd_core.models (configs), fd_core._paddle (``step`` only).
 """
 
-from fd_core.multimodal.image_processor import ImageError, ImageProcessor, ProcessedImage
-from fd_core.multimodal.inputs import MultiModalInputs, build_inputs
+from typing import Any
 
 __all__ = ["ImageError", "ImageProcessor", "MultiModalInputs", "ProcessedImage", "build_inputs"]
+
+_LAZY = {"ImageError": "image_processor", "ImageProcessor": "image_processor", "ProcessedImage": "image_processor",
+         "MultiModalInputs": "inputs", "build_inputs": "inputs"}
+
+
+def __getattr__(name: str) -> Any:
+    """The names above, imported on first use: the API server imports ``options`` without numpy."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'fd_core.multimodal' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"fd_core.multimodal.{_LAZY[name]}"), name)

@@ -91,8 +91,9 @@ def split_chat_images(messages: Any) -> tuple[Any, list[list[Any]]]:
 class MultiModalPrompts:
     """Turns prompts with images into the engine's dicts (expanded ids + ``mm_inputs``)."""
 
-    def __init__(self, model_dir: str | Path, config: Any, max_images: int | None = None) -> None:
-        self.processor = ImageProcessor.from_dir(model_dir)
+    def __init__(self, model_dir: str | Path, config: Any, max_images: int | None = None,
+                 processor_overrides: dict[str, Any] | None = None) -> None:
+        self.processor = ImageProcessor.from_dir(model_dir, **(processor_overrides or {}))
         self.config = config
         self.max_images = max_images
 
@@ -109,7 +110,8 @@ class MultiModalPrompts:
         images = data.get("image")
         images = list(images) if isinstance(images, (list, tuple)) else [images]
         if self.max_images is not None and len(images) > self.max_images:
-            raise ValueError(f"{len(images)} images in one prompt; at most {self.max_images} are allowed")
+            raise ValueError(f"{len(images)} images in one prompt; at most {self.max_images} are allowed "
+                             "(limit_mm_per_prompt)")
         extra = set(prompt) - {key, "prompt", "prompt_token_ids"}
         if extra:
             raise ValueError(f"unknown prompt key(s) {sorted(extra)} beside {key!r}")

@@ -19,7 +19,12 @@ Each split parameter's shape becomes the local one, so quantization
 (``fd_core.quantization.apply``) quantizes only the rank's slice, and
 ``shard_targets`` rewrites the checkpoint targets so the loader reads only the
 rank's rows / columns of each tensor (``Target.source_index``): no rank ever
-holds the full model. The collectives go through the communicator bound with
+holds the full model. A quantized row-parallel parameter takes the whole column's
+scales (``QuantizedParam.amax_reduce``: the per-channel maxima all-gathered while
+loading, so the communicator is bound before the load), and a w8a8 row-parallel
+linear quantizes its activations with the token's maximum over every rank
+(``_RowParallelOps``): quantized TP computes what one device does. The
+collectives go through the communicator bound with
 ``bind`` (``Ops.communicator``, so a backend answers with its own kernels).
 The fused decoder-layer op has no all-reduce inside: the model's layers run
 unfused (``model.unfuse_layers()``).
@@ -30,10 +35,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from fd_core._paddle import import_paddle
 from fd_core.layers.basic import Linear, embed
 from fd_core.layers.mlp import GatedMLP, MoE
 from fd_core.models.base import Target
+from fd_core.ops.linear import QuantizedWeight
 from fd_core.parallel.config import check_tensor_parallel, local_kv_heads
 
 __all__ = ["Split", "TensorParallel"]
@@ -97,15 +105,7 @@ class TensorParallel:
             self._attention(layer.self_attn, names, c)
             mlp = layer.mlp
             if isinstance(mlp, MoE):
-                e, d = mlp.up_gate_proj.shape[0], mlp.up_gate_proj.shape[1]
-                inter = mlp.down_proj.shape[1]
-                lo, hi = _even(0, inter, r, n)
-                self._shrink(mlp.up_gate_proj, names, Split(2, ((lo, hi), (inter + lo, inter + hi))))
-                self._shrink(mlp.down_proj, names, Split(1, ((lo, hi),)))
-                if mlp.shared_experts is not None:
-                    self._gated(mlp.shared_experts, names)
-                _reduce_output(mlp, self)
-                assert mlp.up_gate_proj.shape[:2] == (e, d)
+                self._moe(mlp, names)
             else:
                 self._gated(mlp, names)
                 _reduce_output(mlp, self)
@@ -117,6 +117,20 @@ class TensorParallel:
         model.lm_head.__class__ = _gathered(type(model.lm_head))
         model.lm_head._tp = self
 
+    def _moe(self, mlp: MoE, names: dict[int, str]) -> None:
+        """Every routed expert's intermediate dim split (TP for MoE without EP;
+        ``fd_core.parallel.expert_parallel`` overrides this), shared experts as a
+        dense MLP, one all-reduce of the layer's output."""
+        e, d = mlp.up_gate_proj.shape[0], mlp.up_gate_proj.shape[1]
+        inter = mlp.down_proj.shape[1]
+        lo, hi = _even(0, inter, self.rank, self.world)
+        self._shrink(mlp.up_gate_proj, names, Split(2, ((lo, hi), (inter + lo, inter + hi))))
+        self._shrink(mlp.down_proj, names, Split(1, ((lo, hi),)))
+        if mlp.shared_experts is not None:
+            self._gated(mlp.shared_experts, names)
+        _reduce_output(mlp, self)
+        assert mlp.up_gate_proj.shape[:2] == (e, d)
+
     def _attention(self, attn: Any, names: dict[int, str], c: Any) -> None:
         r, n, dh = self.rank, self.world, c.head_dim
         heads, kv = c.num_heads // n, local_kv_heads(c.num_kv_heads, n)
@@ -127,6 +141,7 @@ class TensorParallel:
         vs = (ks[0] + kv_full, ks[1] + kv_full)
         self._linear(attn.qkv_proj, names, Split(1, (qs, ks, vs)))
         self._linear(attn.o_proj, names, Split(0, (qs,)))
+        _row_parallel(attn, attn.o_proj, self)
         attn.num_heads, attn.num_kv_heads = heads, kv
         attn.q_size, attn.kv_size = heads * dh, kv * dh
         _reduce_output(attn, self)
@@ -136,6 +151,7 @@ class TensorParallel:
         lo, hi = _even(0, inter, self.rank, self.world)
         self._linear(mlp.up_gate_proj, names, Split(1, ((lo, hi), (inter + lo, inter + hi))))
         self._linear(mlp.down_proj, names, Split(0, ((lo, hi),)))
+        _row_parallel(mlp.down_proj, mlp.down_proj, self)
 
     def _linear(self, linear: Linear, names: dict[int, str], split: Split) -> None:
         self._shrink(linear.weight, names, split)
@@ -157,10 +173,20 @@ class TensorParallel:
         range it overlaps, each reading only its slice of the checkpoint tensor
         (``source_index``) into the local parameter."""
         split_of = {id(p): self.splits[name] for name, p in model.parameters().items() if name in self.splits}
+        for name, p in model.parameters().items():
+            split = self.splits.get(name)
+            if split is not None and split.axis == len(p.shape) - 2 and hasattr(p, "amax_reduce"):
+                p.amax_reduce = self._amax_over_ranks  # row-parallel, quantized: the whole column's scales
         out: dict[str, list[Target]] = {}
         for name, ts in targets.items():
             out[name] = [piece for t in ts for piece in _shard_target(t, split_of.get(id(t.param)))]
         return out
+
+    def _amax_over_ranks(self, amax: np.ndarray) -> np.ndarray:
+        """A row-parallel rank's per-channel maxima ``[out]`` -> the maxima over every rank
+        (called by ``QuantizedParam`` while loading, in the same order on every rank)."""
+        gathered = self._communicator().all_gather(paddle.to_tensor(amax.reshape(1, -1)), axis=0)
+        return np.asarray(gathered.numpy(), dtype=np.float32).max(axis=0)
 
 
 def _shard_target(target: Target, split: Split | None) -> list[Target]:
@@ -234,3 +260,42 @@ def _gathered(cls: type) -> type:
 
         _GATHERED[cls] = type(f"VocabGathered{cls.__name__}", (cls,), {"__call__": call, "__module__": __name__})
     return _GATHERED[cls]
+
+
+# zero input channels appended to a row-parallel w8a8 weight; the first carries the token's
+# maximum over every rank (a multiple of 16 keeps native kernels on their unrolled paths)
+_W8A8_PAD = 16
+
+
+class _RowParallelOps:
+    """The ops of a block with a row-parallel linear (attention's ``o_proj``, a dense
+    ``down_proj``). Every op is the backend's, but a w8a8 call on that linear's weight quantizes
+    its activations per token with the token's scale over all ``in`` channels, as one device
+    does, rather than over this rank's slice. The maximum of ``|x|`` is all-gathered (one value
+    per token per rank) and appended as an extra input channel whose weight is zero. Any backend's
+    w8a8 kernel then takes it as the token's maximum, so the codes of this rank's channels are
+    the ones one device would compute."""
+
+    def __init__(self, ops: Any, linear: Linear, tp: TensorParallel) -> None:
+        self._ops, self._linear, self._tp = ops, linear, tp
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ops, name)
+
+    def linear(self, x: Any, weight: Any, bias: Any = None, quant: Any = None) -> Any:
+        if quant is None or quant.method != "w8a8" or quant is not self._linear.weight.data:
+            return self._ops.linear(x, weight, bias, quant)
+        if quant.in_features == self._linear.in_features:  # first call: append the zero channels once
+            zeros = paddle.zeros([quant.out_features, _W8A8_PAD], dtype=quant.qweight.dtype)
+            quant = QuantizedWeight(quant.method, paddle.concat([quant.qweight, zeros], axis=1), quant.scales,
+                                    quant.in_features + _W8A8_PAD, quant.out_features, quant.group_size)
+            self._linear.weight.data = quant
+        amax = paddle.abs(x.astype("float32")).max(axis=-1, keepdim=True)  # [T, 1]
+        amax = self._tp._communicator().all_gather(amax, axis=-1).max(axis=-1, keepdim=True)
+        pad = paddle.zeros([*x.shape[:-1], _W8A8_PAD - 1], dtype=x.dtype)
+        return self._ops.linear(paddle.concat([x, amax.astype(x.dtype), pad], axis=-1), None, bias, quant)
+
+
+def _row_parallel(owner: Any, linear: Linear, tp: TensorParallel) -> None:
+    """``owner`` (the block that calls ``linear`` through its ``ops``) runs it as row-parallel."""
+    owner.ops = _RowParallelOps(owner.ops, linear, tp)

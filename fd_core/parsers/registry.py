@@ -100,10 +100,12 @@ class ParserRegistry:
 ReasoningParserManager = ParserRegistry("reasoning", {
     "ernie_x1": "fd_core.parsers.reasoning_ernie_x1:ErnieX1ReasoningParser",
     "ernie-45-vl": "fd_core.parsers.reasoning_ernie45_vl:Ernie45VLReasoningParser",
+    "ernie-45-vl-thinking": "fd_core.parsers.reasoning_ernie45_vl:Ernie45VLReasoningParser",
     "qwen3": "fd_core.parsers.reasoning_qwen3:Qwen3ReasoningParser",
 })
 ToolParserManager = ParserRegistry("tool-call", {
     "ernie_x1": "fd_core.parsers.tool_ernie_x1:ErnieX1ToolParser",
+    "ernie-45-vl-thinking": "fd_core.parsers.tool_ernie45_vl_thinking:Ernie45VLThinkingToolParser",
 })
 
 _plugins_loaded = False

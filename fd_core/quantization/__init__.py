@@ -3,7 +3,7 @@
 Owns the methods ``--quantization`` names (``methods``: a registry that
 general plugins extend through ``fd_register_quantization_methods``), parsing
 FastDeploy's flag forms (``config``), the reference quantizer and layouts
-(``wint``: wint8/wint4, ``w8a8``), the parameter that quantizes as the
+(``wint``: wint8/wint4, ``w8a8``, ``block_fp8``, ``w4a8``, ``wint2``), the parameter that quantizes as the
 loader fills it (``param``) and the transform that makes a finished model's
 layers quantized (``apply``). The reference numerics of quantized layers live
 here too (``reference``; the CPU reference backend calls them): dequantize,
@@ -25,6 +25,10 @@ Layouts (``QuantizedWeight.qweight`` / ``.scales``; details in ``wint``):
 - wint4: uint8 ``[out, in // 2]`` (in-index ``2j`` in the low nibble of byte
   ``j``, ``2j + 1`` in the high nibble, signed two's complement),
   float32 ``[out, in // group_size]`` (``[out, 1]`` per channel).
+- block_wise_fp8 (``block_fp8``): uint8 e4m3 codes ``[out, in]``, float32
+  block scales ``[ceil(out/128), ceil(in/128)]``; w4a8 (``w4a8``): wint4's
+  layout; wint2 (``wint2``, offline checkpoints only): FastDeploy's
+  ``quant_weight`` uint8 ``[in/4, out]``, scales float32 ``[in/64 + 3, out]``.
 - MoE experts: the same, stacked on a leading expert axis
   (``[E, out, in]`` / ``[E, out]``, ...); ``fd_moe_experts`` receives
   ``quant = (up_gate, down)``, two such stacked ``QuantizedWeight``s.

@@ -28,9 +28,10 @@ explicit ``lm_head_quant_type`` method beside it.
 Like FastDeploy, plain ``wint4`` on an ERNIE model keeps the dense layers
 (attention, dense MLPs, shared experts) at wint8 and quantizes only the
 routed experts to wint4; a dense ERNIE model therefore runs all-wint8 under
-``wint4``. Use the mixed form to get wint4 dense layers. FastDeploy methods
-not implemented here (block_wise_fp8, w4a8, wint2, ...) are refused with a
-message saying so.
+``wint4``. Use the mixed form to get wint4 dense layers. ``block_wise_fp8``
+(``block_fp8``) and ``w4a8`` (``w4a8``) apply to every linear layer and the
+routed experts. FastDeploy methods not implemented here (w4afp8, wint2, ...)
+are refused with a message saying so.
 
 FastDeploy's ``kv_cache_quant_type`` (in either JSON form) sets the KV
 cache's dtype, as ``--kv-cache-dtype`` does: ``int8`` -> int8,
@@ -100,7 +101,7 @@ class QuantizationConfig:
         parts = [] if self.dense_method == self.moe_method == self.method else (
             [self.dense_method] if self.dense_method == self.moe_method
             else [f"dense {self.dense_method}", f"experts {self.moe_method}"])
-        if "wint4" in (self.dense_method, self.moe_method):
+        if {"wint4", "w4a8"} & {self.dense_method, self.moe_method}:
             parts.append("per-channel" if self.group_size == -1 else f"group size {self.group_size}")
         parts.append(f"lm_head {self.lm_head_method}" if self.lm_head_method else "lm_head float")
         if self.kv_cache_dtype:

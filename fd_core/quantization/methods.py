@@ -25,6 +25,8 @@ __all__ = ["MethodRegistry", "QuantMethod", "registry"]
 QuantizeFn = Callable[[Any, int], tuple[Any, Any]]
 # (x [T, in] paddle, QuantizedWeight) -> [T, out]: the reference numerics
 LinearFn = Callable[[Any, Any], Any]
+# (qweight, scales) paddle -> float32 [in, out]: for layouts weights.dequantize does not know
+DequantizeFn = Callable[[Any, Any], Any]
 
 
 @dataclass(frozen=True)
@@ -37,22 +39,39 @@ class QuantMethod:
     linear: LinearFn | None = None  # reference ``x @ W`` on the quantized form
     grouped: bool = False  # takes a group size (scales per group of ``in`` indices)
     refused: str = ""  # non-empty: not implemented; says why and what to use instead
+    dequantize: DequantizeFn | None = None  # its own layout's dequantizer (None: wint8/wint4's)
 
     @property
     def implemented(self) -> bool:
         return not self.refused and self.quantize is not None and self.linear is not None
 
 
-_NOT_YET = "is not implemented in fd-core yet (issue 22); use wint8, wint4 or w8a8, or run without --quantization"
+def _lazy(target: str) -> Callable[..., Any]:
+    """A function that imports ``"module:attr"`` when first called (keeps paddle out of this module)."""
+
+    def call(*args: Any) -> Any:
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)(*args)
+
+    return call
+
+
+_NOT_YET = ("is not implemented in fd-core yet (issue 22); use wint8, wint4, w8a8, w4a8 or block_wise_fp8, "
+            "or run without --quantization")
 _REFUSED = [
-    QuantMethod("block_wise_fp8", "128x128 block-wise fp8 weights, token-wise dynamic fp8 activations",
-                refused=f"block-wise fp8 {_NOT_YET}"),
     QuantMethod("tensor_wise_fp8", "tensor-wise fp8 weights and activations",
                 refused=f"tensor-wise fp8 {_NOT_YET}"),
     QuantMethod("wfp8afp8", "fp8 weights and activations", refused=f"fp8 weights and activations {_NOT_YET}"),
-    QuantMethod("w4a8", "int4 weights, int8 activations", refused=f"w4a8 {_NOT_YET}"),
-    QuantMethod("w4afp8", "int4 weights, fp8 activations", refused=f"w4afp8 {_NOT_YET}"),
-    QuantMethod("wint2", "2-bit weights (offline-quantized checkpoints)", refused=f"wint2 {_NOT_YET}"),
+    QuantMethod("w4afp8", "int4 weights, fp8 activations (FastDeploy's, MoE experts only)",
+                refused=f"w4afp8 (int4 weights with fp8 activations) {_NOT_YET}; w4a8 is the int8-activation form"),
+    # reference numerics exist (fd_core.quantization.wint2) for weights an offline
+    # checkpoint supplies; a float model is never quantized to wint2 (nor in FastDeploy)
+    QuantMethod("wint2", "2-bit weights (offline-quantized checkpoints)",
+                linear=_lazy("fd_core.quantization.wint2:wint2_linear"),
+                dequantize=_lazy("fd_core.quantization.wint2:dequantize_wint2"),
+                refused="wint2 (FastDeploy's 2-bit MoE experts) comes only from offline-quantized checkpoints "
+                        "(ERNIE 4.5 2Bits), whose loading is not implemented in fd-core yet (issue 22); "
+                        "a float checkpoint cannot be quantized to it: use wint4, w4a8 or block_wise_fp8"),
     QuantMethod("weight_only", "FastDeploy's generic weight-only config",
                 refused="weight_only with an 'algo' key is not supported; name the method: wint8 or wint4"),
     QuantMethod("kvcache", "KV-cache int8/fp8",
@@ -62,6 +81,8 @@ _BUILTINS = {
     "wint8": "fd_core.quantization.wint:WINT8",
     "wint4": "fd_core.quantization.wint:WINT4",
     "w8a8": "fd_core.quantization.w8a8:W8A8",
+    "block_wise_fp8": "fd_core.quantization.block_fp8:BLOCK_WISE_FP8",
+    "w4a8": "fd_core.quantization.w4a8:W4A8",
 }
 
 

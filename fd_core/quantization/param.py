@@ -6,10 +6,18 @@ matrix (for stacked experts ``[E, in, out]``: each expert's) is quantized
 the moment its last element arrives and its fp32 buffer is dropped, so at
 most the matrices being filled are held in fp32. ``finish`` leaves a
 ``QuantizedWeight`` in ``data`` (experts stacked on a leading axis).
+
+A row-parallel tensor-parallel rank holds only some input rows of each
+matrix; ``fd_core.parallel.tensor_parallel`` then sets ``amax_reduce``: each
+matrix's per-output-channel absolute maxima (``[out]``) go through it (the
+maximum over the ranks) before the scales are taken, so every rank quantizes
+with its whole column's scale, exactly as one device does. (Grouped wint4
+keeps its per-group scales local: a rank's groups are whole groups.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,6 +26,7 @@ from fd_core._paddle import import_paddle
 from fd_core.layers.param import Param
 from fd_core.ops.linear import QuantizedWeight
 from fd_core.quantization.weights import quantize_array
+from fd_core.quantization.wint import int4_group_size, quantize_int4, quantize_int8
 
 __all__ = ["QuantizedParam"]
 
@@ -48,6 +57,8 @@ class QuantizedParam(Param):
         self._qweight: np.ndarray | None = None
         self._scales: np.ndarray | None = None
         self._done = 0
+        # per-channel absolute maxima [out] -> the maxima over the tensor-parallel ranks
+        self.amax_reduce: Callable[[np.ndarray], np.ndarray] | None = None
 
     @property
     def complete(self) -> bool:
@@ -76,7 +87,11 @@ class QuantizedParam(Param):
             self._store(matrix, buffer)
 
     def _store(self, matrix: int, weight: np.ndarray) -> None:
-        qweight, scales, used = _quantize_in_slices(self.method, weight, self.group_size)
+        if self.amax_reduce is not None and self._per_channel():
+            amax = self.amax_reduce(np.abs(weight).max(axis=0).astype(np.float32))
+            qweight, scales, used = _quantize_with_amax(self.method, weight, amax)
+        else:
+            qweight, scales, used = _quantize_in_slices(self.method, weight, self.group_size)
         if self._qweight is None or self._scales is None:
             self._qweight = np.empty((self.num_matrices, *qweight.shape), dtype=qweight.dtype)
             self._scales = np.empty((self.num_matrices, *scales.shape), dtype=scales.dtype)
@@ -84,6 +99,12 @@ class QuantizedParam(Param):
         self._qweight[matrix] = qweight
         self._scales[matrix] = scales
         self._done += 1
+
+    def _per_channel(self) -> bool:
+        """One scale per output channel (what a row-parallel rank must take from the whole column)."""
+        if self.method in ("wint8", "w8a8"):
+            return True
+        return self.method == "wint4" and int4_group_size(self.in_features, self.group_size) == -1
 
     def finish(self) -> None:
         """Move the quantized matrices to paddle tensors in a ``QuantizedWeight``."""
@@ -127,3 +148,12 @@ def _quantize_in_slices(method: str, weight: np.ndarray, group_size: int) -> tup
         return quantize_array(method, weight, group_size)
     parts = [quantize_array(method, weight[:, lo:lo + step], group_size) for lo in range(0, out_f, step)]
     return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), parts[0][2])
+
+
+def _quantize_with_amax(method: str, weight: np.ndarray, amax: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per-channel ``method`` with the scales of ``amax [out]`` (a row-parallel rank's)."""
+    if method == "wint4":
+        qweight, scales = quantize_int4(weight, -1, amax[:, None])
+    else:
+        qweight, scales = quantize_int8(weight, -1, amax)
+    return qweight, scales, -1

@@ -67,6 +67,9 @@ def dequantize(quant: QuantizedWeight) -> Any:
         groups = 1 if quant.group_size == -1 else in_f // quant.group_size
         _check_layout(quant, [out_f, in_f // 2], "uint8", [[out_f, groups]])
         return dequantize_int4(quant.qweight, quant.scales)
+    method = registry.find(quant.method)
+    if method is not None and method.dequantize is not None:  # a layout of its own (block_fp8, w4a8, ...)
+        return method.dequantize(quant.qweight, quant.scales)
     raise ValueError(f"no dequantizer for quantization method {quant.method!r}")
 
 

@@ -42,9 +42,12 @@ __all__ = [
 ]
 
 
-def _symmetric(w_t: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """Codes and scales for ``w_t [..., n]`` with one scale per last-axis row."""
-    amax = np.abs(w_t).max(axis=-1)
+def _symmetric(w_t: np.ndarray, qmax: int, amax: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and scales for ``w_t [..., n]`` with one scale per last-axis row;
+    ``amax`` (that row shape) replaces the rows' own absolute maxima (a
+    row-parallel rank's slice takes its whole column's, ``fd_core.parallel``)."""
+    if amax is None:
+        amax = np.abs(w_t).max(axis=-1)
     scales = np.where(amax > 0, amax / np.float32(qmax), np.float32(1.0)).astype(np.float32)
     codes = np.clip(np.rint(w_t / scales[..., None]), -qmax, qmax).astype(np.int8)
     return codes, scales
@@ -56,11 +59,13 @@ def _check_2d(weight: np.ndarray) -> tuple[int, int]:
     return int(weight.shape[0]), int(weight.shape[1])
 
 
-def quantize_int8(weight: np.ndarray, group_size: int = -1) -> tuple[np.ndarray, np.ndarray]:
-    """``weight [in, out]`` float -> (int8 ``[out, in]``, float32 ``[out]``)."""
+def quantize_int8(weight: np.ndarray, group_size: int = -1,
+                  amax: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``weight [in, out]`` float -> (int8 ``[out, in]``, float32 ``[out]``);
+    ``amax [out]``, when given, sets the scales (``amax / 127``) instead of ``weight``'s."""
     _check_2d(weight)
     w_t = np.ascontiguousarray(weight.T, dtype=np.float32)  # [out, in]
-    return _symmetric(w_t, 127)
+    return _symmetric(w_t, 127, amax)
 
 
 def int4_group_size(in_features: int, group_size: int) -> int:
@@ -71,15 +76,17 @@ def int4_group_size(in_features: int, group_size: int) -> int:
     return group_size
 
 
-def quantize_int4(weight: np.ndarray, group_size: int = 128) -> tuple[np.ndarray, np.ndarray]:
-    """``weight [in, out]`` float -> (uint8 ``[out, in // 2]``, float32 ``[out, groups]``)."""
+def quantize_int4(weight: np.ndarray, group_size: int = 128,
+                  amax: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``weight [in, out]`` float -> (uint8 ``[out, in // 2]``, float32 ``[out, groups]``);
+    ``amax [out, groups]``, when given, sets the scales (``amax / 7``)."""
     in_f, out_f = _check_2d(weight)
     if in_f % 2:
         raise ValueError(f"wint4 packs two input channels per byte: in_features must be even, got {in_f}")
     group = int4_group_size(in_f, group_size)
     per_group = in_f if group == -1 else group
     w_t = np.ascontiguousarray(weight.T, dtype=np.float32).reshape(out_f, in_f // per_group, per_group)
-    codes, scales = _symmetric(w_t, 7)
+    codes, scales = _symmetric(w_t, 7, amax)
     nibbles = codes.reshape(out_f, in_f).astype(np.uint8) & np.uint8(0x0F)  # two's complement
     packed = nibbles[:, 0::2] | (nibbles[:, 1::2] << np.uint8(4))
     return np.ascontiguousarray(packed), scales

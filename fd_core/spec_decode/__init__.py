@@ -6,10 +6,9 @@ lookup) and suffix-decoding proposers (pure Python: no paddle, no numpy), and
 ``verify`` (greedy prefix acceptance and exact rejection sampling, numpy on the
 host, reusing the sampler's filters in ``fd_core.ops.sampling``).
 
-Not here yet (the engine integration, see DESIGN_NOTES.md): the scheduler
-counting draft tokens in its budget, the runner scoring k+1 positions per
-request and rolling back rejected KV slots, the MTP drafter's forward, metrics.
-How the engine core will call this package::
+The engine side (scheduling drafts, scoring them, rollback, metrics) is
+``fd_core.engine.speculative`` (DESIGN_NOTES.md, section 3); the MTP drafter
+does not exist yet. How the engine core calls this package::
 
     config = parse_speculative_config(engine_config.speculative_config)
     proposer = make_proposer(config)            # ngram / suffix

@@ -3,7 +3,11 @@
 For the last n tokens of a request's history, n from ``max_n`` down to
 ``min_n``, find the most recent earlier occurrence of those n tokens in the
 same history (prompt + verified output) and propose the tokens that followed
-it. The first n that matches wins (the longest match).
+it. The first n that matches wins (the longest match). Where the history ends
+before ``max_tokens`` followed, the copy reads on into its own output (as an
+LZ77 copy whose source overlaps its destination), so a repetition with a
+period shorter than ``max_tokens`` (a loop of one or two tokens) still drafts
+``max_tokens``.
 
 Index: per request and per n, a dict from the n-gram (a tuple) to the end
 position of its most recent occurrence, holding every n-gram that ends
@@ -59,7 +63,10 @@ class NgramProposer(Proposer):
         for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
             end = h.index[n].get(tuple(tokens[size - n:]))
             if end is not None:
-                return tokens[end + 1: end + 1 + max_tokens]
+                # what followed the match, read on into the draft itself where it runs
+                # out (an overlapping copy): a period-p repetition drafts max_tokens, not p
+                follow = tokens[end + 1: end + 1 + max_tokens]
+                return [follow[i % len(follow)] for i in range(max_tokens)]
         return []
 
     def finish(self, request_id: str, keep_output: bool = True) -> None:

@@ -1,6 +1,6 @@
 """The interface every CPU-side draft proposer keeps, and the factory.
 
-Who calls what (the engine core, once the integration lands; see DESIGN_NOTES.md):
+Who calls what (the engine core, through ``fd_core.engine.speculative``):
 
 - ``add_request(id, prompt)`` when a request is admitted (once; preemption and
   recompute do not repeat it: the proposer's state is the request's token

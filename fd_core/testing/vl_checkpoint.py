@@ -58,6 +58,27 @@ VL_SHAPES: dict[str, dict[str, Any]] = {
         # pixel budget of the image processor: at most 16 merged tokens per image
         "min_pixels": 28 * 28, "max_pixels": 28 * 28 * 16,
     },
+    # benchmarks/vl_ttft.py: the released vision tower's width (1280, 16 heads, MLP 5120) at 4 of its 32
+    # layers, the processor's real pixel budget (a 448x448 image: 1024 patches, 256 LM tokens), a small
+    # MoE language model (4 layers, width 512)
+    "bench-vl": {
+        "text": {
+            "vocab_size": 2048, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,
+            "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "hidden_act": "silu", "use_bias": False,
+            "tie_word_embeddings": True, "moe_num_experts": 8, "moe_k": 2, "moe_num_shared_experts": 1,
+            "moe_intermediate_size": [256, 256], "moe_norm_min": 1e-12,
+            "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [11, 11, 10]},
+            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+        },
+        "vision": {
+            "depth": 4, "hidden_size": 1280, "intermediate_size": 5120, "num_heads": 16, "in_channels": 3,
+            "patch_size": 14, "spatial_merge_size": 2, "temporal_merge_size": 2, "hidden_act": "quick_gelu",
+            "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0},
+        },
+        "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 6177,
+    },
 }
 # fmt: on
 _TOKENS = {"image_token_id": "<|IMAGE_PLACEHOLDER|>", "image_start_token_id": "<|IMAGE_START|>",

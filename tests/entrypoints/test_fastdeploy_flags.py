@@ -184,8 +184,8 @@ def test_llm_kwargs_take_fastdeploy_names(caplog):
     text = "\n".join(r.getMessage() for r in caplog.records)
     for name in ("--enable-logprob", "--load-choices", "--kv-cache-ratio", "--engine-worker-queue-port", "port"):
         assert name in text
-    with pytest.raises(UnsupportedFeatureError, match="--enable-expert-parallel: expert parallelism is not"):
-        EngineArgs.from_kwargs("m", enable_expert_parallel=True)
+    with pytest.raises(UnsupportedFeatureError, match="--enable-eplb: expert-parallel load balancing is not"):
+        EngineArgs.from_kwargs("m", enable_eplb=True)
     with pytest.raises(TypeError, match="unknown engine argument.*max_modle_len"):
         EngineArgs.from_kwargs("m", max_modle_len=4)
 

@@ -51,13 +51,13 @@ LINES = [
     ("ERNIE-4.5-VL-424B-A47B-Paddle", "--model M --port 8180 --metrics-port 8181 "
      "--engine-worker-queue-port 8182 --tensor-parallel-size 8 --max-model-len 131072 --max-num-seqs 16 "
      "--limit-mm-per-prompt '{\"image\": 100, \"video\": 100}' --reasoning-parser ernie-45-vl "
-     "--gpu-memory-utilization 0.85 --max-num-batched-tokens 384 --quantization wint4", "moe", "--"),
+     "--gpu-memory-utilization 0.85 --max-num-batched-tokens 384 --quantization wint4", "vl", None),
     ("XPU 300B", "--model M --port 8188 --tensor-parallel-size 4 --max-model-len 32768 --max-num-seqs 64 "
      "--quantization wint4 --gpu-memory-utilization 0.9 --load-choices default", "moe", None),
     ("XPU VL-28B", "--model M --port 8188 --tensor-parallel-size 1 --quantization wint8 "
      "--max-model-len 32768 --max-num-seqs 10 --enable-mm --mm-processor-kwargs '{\"video_max_frames\": 30}' "
      "--limit-mm-per-prompt '{\"image\": 10, \"video\": 3}' --reasoning-parser ernie-45-vl "
-     "--load-choices default", "moe", "--"),
+     "--load-choices default", "vl", None),
     ("XPU PaddleOCR-VL line", "--model M --port 8188 --metrics-port 8181 --engine-worker-queue-port 8182 "
      "--max-model-len 16384 --max-num-batched-tokens 16384 --gpu-memory-utilization 0.8 --max-num-seqs 256",
      "dense", None),

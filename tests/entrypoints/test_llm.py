@@ -119,7 +119,7 @@ def test_engine_arguments_are_checked(checkpoint_factory):
     model = str(checkpoint_factory("tiny-dense", "pytorch"))
     with pytest.raises(TypeError, match="max_num_seq"):
         LLM(model, max_num_seq=4)
-    with pytest.raises(UnsupportedFeatureError, match="--quantization wint2: wint2 is not implemented"):
+    with pytest.raises(UnsupportedFeatureError, match=r"--quantization wint2: wint2 \(FastDeploy.s 2-bit MoE experts\) comes only from offline-quantized checkpoints"):
         LLM(model, quantization="wint2")
     with pytest.raises(ValueError, match="max_position_embeddings 2048"):
         LLM(model, backend="cpu", max_model_len=4096)

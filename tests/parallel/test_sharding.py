@@ -3,13 +3,18 @@ sizes that cannot split the model are refused by name. In process, no workers.""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
+from fd_core._paddle import import_paddle
 from fd_core.model_loader.loader import load_model
 from fd_core.models.config import load_config
 from fd_core.parallel.config import check_tensor_parallel, local_kv_heads, rank_device_id
 from fd_core.parallel.tensor_parallel import TensorParallel
+
+paddle = import_paddle()
 
 
 def _np(t):
@@ -78,7 +83,10 @@ def test_a_quantized_rank_quantizes_only_its_slice(checkpoint_factory, cpu_backe
     model_dir = checkpoint_factory("tiny-dense", "pytorch")
     config = load_config(model_dir)
     quant = parse_quantization("wint8", config.architecture)
-    shard = load_model(model_dir, cpu_backend.ops, 64, config, quantization=quant, transform=TensorParallel(1, 2))
+    tp = TensorParallel(1, 2)
+    # one process here: the "other rank" of the load-time scale all-gather is this one again
+    tp.bind(SimpleNamespace(all_gather=lambda x, axis: paddle.concat([x, x], axis=axis)))
+    shard = load_model(model_dir, cpu_backend.ops, 64, config, quantization=quant, transform=tp)
     w = shard.layers[0].mlp.up_gate_proj.weight.data
     assert (w.in_features, w.out_features) == (config.hidden_size, config.intermediate_size)  # 2 * I / 2
     o = shard.layers[0].self_attn.o_proj.weight.data

@@ -8,24 +8,12 @@ import signal
 
 import pytest
 
-from fd_core import LLM, SamplingParams
+from fd_core import LLM
 from fd_core.parallel.driver import TensorParallelError
 from fd_core.testing.process_tree import alive, descendants, wait_gone
+from tests.parallel.greedy_runs import PARAMS, greedy_run
 
-PROMPTS = ["hello world", "the quick brown fox jumps over", "a"]
-PARAMS = SamplingParams(max_tokens=8, temperature=0, logprobs=1)
-
-
-def _run(model, tp: int, **kwargs):
-    llm = LLM(model=str(model), backend=kwargs.pop("backend", "cpu"), tensor_parallel_size=tp,
-              max_model_len=256, **kwargs)
-    try:
-        outs = llm.generate(PROMPTS, PARAMS)
-    finally:
-        if tp > 1:
-            llm.engine.core.runner.close()
-    return [(o.outputs[0].token_ids, [lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)])
-            for o in outs]
+_run = greedy_run
 
 
 def _assert_same(one, two, tol):
@@ -48,10 +36,9 @@ def test_tp2_greedy_tokens_equal_tp1(checkpoint_factory, shape, naming):
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", ["tiny-dense", "tiny-moe"])
 def test_tp2_wint8_greedy_tokens_equal_wint8_tp1(checkpoint_factory, shape):
-    # each rank quantizes its own slice: a row-parallel layer's per-channel scales come
-    # from the rank's rows, not the whole column, so logprobs agree less closely than fp32's
+    # a row-parallel rank quantizes its rows with the whole column's scales (tests/parallel/test_tp_quant.py)
     model = checkpoint_factory(shape, "pytorch")
-    _assert_same(_run(model, 1, quantization="wint8"), _run(model, 2, quantization="wint8"), 0.15)
+    _assert_same(_run(model, 1, quantization="wint8"), _run(model, 2, quantization="wint8"), 1e-3)
 
 
 def test_a_dead_worker_fails_the_engine_by_name_and_leaves_no_process(checkpoint_factory):

@@ -37,7 +37,7 @@ def test_tool_names():
 def test_unknown_name_lists_the_available_ones():
     with pytest.raises(ValueError, match=r"unknown reasoning parser 'deepseek_r1'; available: .*ernie_x1"):
         ReasoningParserManager.get("deepseek_r1")
-    with pytest.raises(ValueError, match=r"unknown tool-call parser 'hermes'; available: ernie_x1"):
+    with pytest.raises(ValueError, match=r"unknown tool-call parser 'hermes'; available: .*ernie_x1"):
         ToolParserManager.get("hermes")
 
 

@@ -16,7 +16,10 @@ def brute_force(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
         pattern = tokens[size - n:]
         for start in range(size - n - 1, -1, -1):
             if tokens[start: start + n] == pattern:
-                return tokens[start + n: start + n + k]
+                out = list(tokens)
+                for i in range(k):  # an overlapping copy: reads on into what it drafted
+                    out.append(out[start + n + i])
+                return out[size:]
     return []
 
 
@@ -24,8 +27,17 @@ def test_proposes_the_continuation_of_the_match() -> None:
     p = NgramProposer(2, 3)
     p.add_request("r", [10, 11, 12, 13, 14, 10, 11, 12])
     assert p.propose("r", 2) == [13, 14]
-    assert p.propose("r", 10) == [13, 14, 10, 11, 12]  # up to the end of the history
+    # past the end of the history the copy reads on into its own draft (period 5)
+    assert p.propose("r", 10) == [13, 14, 10, 11, 12, 13, 14, 10, 11, 12]
     assert p.propose("r", 0) == []
+
+
+def test_a_short_loop_drafts_the_full_length() -> None:
+    p = NgramProposer(2, 3)
+    p.add_request("r", [5, 9, 9, 9])  # a one-token loop: the latest "9 9" ends one before the end
+    assert p.propose("r", 4) == [9, 9, 9, 9]
+    p.add_request("s", [1, 7, 8, 7, 8])  # period 2
+    assert p.propose("s", 5) == [7, 8, 7, 8, 7]
 
 
 def test_longest_ngram_wins_over_a_more_recent_shorter_one() -> None:
@@ -55,7 +67,8 @@ def test_no_match_proposes_nothing_and_min_size_is_respected() -> None:
 def test_repetition_run_overlapping_the_query() -> None:
     p = NgramProposer(2, 3)
     p.add_request("r", [5, 5, 5, 5])
-    assert p.propose("r", 3) == [5]  # latest earlier "5 5 5" ends at position 2: continuation is the last 5
+    # latest earlier "5 5 5" ends at position 2: the continuation is the last 5, read on as a loop
+    assert p.propose("r", 3) == [5, 5, 5]
 
 
 def test_appending_gives_the_same_answers_as_building_at_once() -> None:

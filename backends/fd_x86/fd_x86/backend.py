@@ -106,7 +106,8 @@ def fd_device_capabilities() -> Capabilities:
     # the hooks answer None for the others and fd-core's reference runs them)
     # bf16: 16-bit weights run native kernels (fd_x86.dense16; the bf16 GEMM rounds activations
     # to bf16), so --dtype auto keeps a bf16 / fp16 checkpoint's dtype on a CPU that has them
-    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8"),
+    # block_wise_fp8: native linears (fd_x86.fp8) on AVX-512, the reference for experts; w4a8: the reference
+    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8", "block_wise_fp8", "w4a8"),
                         kv_cache_dtypes=("float32", "bfloat16", "float16", "int8", "fp8"), bf16=_dense16_native())
 
 
@@ -142,9 +143,11 @@ def fd_linear(x: Tensor, weight: Tensor | None, bias: Tensor | None, quant: Any)
             _build_failed.append(str(exc))
             logger.warning("fd_x86: %s; 16-bit linears fall back to fd-core's reference", exc)
             return None
+    from fd_x86.fp8 import METHOD as FP8
+    from fd_x86.fp8 import available as fp8_available
     from fd_x86.linear import METHODS, quantized_linear
 
-    if quant.method not in METHODS:
+    if quant.method not in METHODS and not (quant.method == FP8 and fp8_available()):
         return None
     try:
         out = quantized_linear(x, quant)
@@ -274,6 +277,14 @@ def fd_moe_layer(x: Tensor, gate: Tensor, correction_bias: Tensor | None, top_k:
 
     return _native(moe_layer, x, gate, correction_bias, top_k, renormalize, norm_min, quant, shared_up_gate,
                    shared_down)
+
+
+@hookimpl
+def fd_apply_token_bitmask(logits: Tensor, bitmask: Any, rows: list[int]) -> Tensor | None:
+    """Structured output's mask, one masked store per 16 tokens (``fd_x86.bitmask``)."""
+    from fd_x86.bitmask import apply_token_bitmask
+
+    return _native(apply_token_bitmask, logits, bitmask, rows)
 
 
 @hookimpl

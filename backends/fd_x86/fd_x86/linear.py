@@ -162,6 +162,10 @@ def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None 
     not be reused."""
     import paddle
 
+    if quant.method == "block_wise_fp8":  # its own op and layout (fd_x86.fp8)
+        from fd_x86.fp8 import block_fp8_linear
+
+        return block_fp8_linear(x, quant, threads)
     if quant.method not in METHODS:
         raise ValueError(f"fd_x86 has no kernel for quantization method {quant.method!r}; has {METHODS}")
     if isa not in ISAS:

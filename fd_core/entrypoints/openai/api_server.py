@@ -31,6 +31,7 @@ from fd_core.entrypoints.openai.chat_parsing import resolve_parser
 from fd_core.entrypoints.openai.concurrency import ConcurrencyLimit, ConcurrencyLimitMiddleware
 from fd_core.entrypoints.openai.errors import error_response, install_error_handlers
 from fd_core.entrypoints.openai.literal_tokens import LiteralSpecialTokens
+from fd_core.entrypoints.openai.mm_content import MultiModalChat
 from fd_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from fd_core.entrypoints.openai.serving_chat import OpenAIServingChat
 from fd_core.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -71,6 +72,8 @@ class ServerArgs:
     max_waiting_time: float | None = None  # --max-waiting-time: seconds to the first output, else 408
     # --escape-special-tokens: special-token strings in user/tool content are text, never control tokens
     escape_special_tokens: bool = False
+    enable_mm: bool = False  # --enable-mm: a text model is then an error (a VL model is multimodal anyway)
+    mm_options: Any = None  # fd_core.multimodal.options.MultiModalOptions (--limit-mm-per-prompt, ...)
     extra: dict[str, Any] = field(default_factory=dict)  # room for flags this layer ignores
 
     def __post_init__(self) -> None:
@@ -175,6 +178,7 @@ def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> Fa
     )
     app.state.fd.chat.max_logprobs = app.state.fd.completion.max_logprobs = args.max_logprobs
     app.state.fd.chat.max_waiting_time = app.state.fd.completion.max_waiting_time = args.max_waiting_time
+    app.state.fd.chat.mm = MultiModalChat.for_model(client.info.model_dir, args.mm_options, args.enable_mm)
     if args.escape_special_tokens:
         app.state.fd.chat.literal = LiteralSpecialTokens(client.tokenizer)
     install_error_handlers(app)

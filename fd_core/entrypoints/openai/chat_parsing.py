@@ -16,7 +16,9 @@ output, joined (content, reasoning_content, tool calls by index), equal
 what ``parse`` returns for its whole text, whatever the cuts between
 deltas, provided the last delta says ``finished`` so the parsers release
 what they held back (a partial tag, a ``<tool_call>`` that never became a
-call). Ids of tool calls differ between the modes.
+call). Ids of tool calls differ between the modes, and so may the spacing
+of the arguments of calls ``tool_choice`` forced (streamed as generated,
+re-serialized whole). ``parallel_tool_calls: false`` keeps the first call.
 
 reasoning_tokens counts the output tokens up to and including the end of
 the reasoning part: the shortest prefix for which ``is_reasoning_end`` holds
@@ -30,7 +32,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from fd_core.entrypoints.openai.guided_request import forced_tool_calls
+from fd_core.entrypoints.openai.guided_request import (
+    ForcedToolStream,
+    forced_tool_calls,
+    forces_tools,
+)
 
 __all__ = ["ChoiceParser", "resolve_parser", "tool_call_dict"]
 
@@ -86,10 +92,12 @@ class ChoiceParser:
         self._ids: list[int] = []
         self._content_text = ""  # the part after the reasoning, as the tool parser sees it
         self._content_ids: list[int] = []
+        self._forced = ForcedToolStream(request) if forces_tools(request) else None
+        self.single_call = getattr(request, "parallel_tool_calls", None) is False
 
     @property
     def active(self) -> bool:
-        return self.reasoning is not None or self.tools is not None
+        return self.reasoning is not None or self.tools is not None or self._forced is not None
 
     # ---- whole output -------------------------------------------------------------
     def parse(self, text: str, token_ids: list[int]) -> tuple[str | None, str | None, list[dict] | None]:
@@ -113,6 +121,8 @@ class ChoiceParser:
                     call.setdefault("id", f"call_{uuid.uuid4().hex[:24]}")
                     call.setdefault("type", "function")
                 content = info.content
+                if self.single_call:  # parallel_tool_calls false: the first call only (vLLM's rule)
+                    tool_calls = tool_calls[:1]
             # without calls the content stays as given: a tool parser's content then
             # equals it (ours does, and its stream sends the same)
         return reasoning or None, content, tool_calls
@@ -161,14 +171,15 @@ class ChoiceParser:
                     content_delta += getattr(msg, "content", None) or ""
             if content_delta or self.reasoning.is_reasoning_end(self._ids):
                 self.reasoning_ended = True
-        if _forces_tools(self.request):  # the calls' JSON: sent as tool_calls once complete
+        if self._forced is not None:  # the calls' JSON, streamed as tool_calls pieces
             self._content_text += content_delta or ""
-            calls = forced_tool_calls(self.request, self._content_text) if finished else None
-            if calls:
-                self.tools_called = True
-                out["tool_calls"] = [{**c, "index": i} for i, c in enumerate(calls)]
-            elif finished:
-                _add(out, "content", self._content_text)
+            pieces = self._forced.feed(content_delta or "")
+            if pieces:
+                out["tool_calls"] = pieces
+            if finished and forced_tool_calls(self.request, self._content_text):
+                self.tools_called = True  # complete calls: finish_reason tool_calls
+            elif finished and not self._forced.calls_sent():
+                _add(out, "content", self._content_text)  # cut off before a call began: as parse()
             return out or None
         if self.tools is None:
             _add(out, "content", content_delta)
@@ -192,12 +203,11 @@ class ChoiceParser:
                 self.tools_called = True
                 out.setdefault("tool_calls", []).extend(
                     tool_call_dict(c, i) for i, c in enumerate(calls, len(out.get("tool_calls", []))))
+        if self.single_call and "tool_calls" in out:  # parallel_tool_calls false: the first call only
+            out["tool_calls"] = [c for c in out["tool_calls"] if c.get("index", 0) == 0]
+            if not out["tool_calls"]:
+                del out["tool_calls"]
         return out or None
-
-
-def _forces_tools(request: Any) -> bool:
-    choice = getattr(request, "tool_choice", None)
-    return choice is not None and choice not in ("none", "auto")
 
 
 def _add(out: dict[str, Any], key: str, text: str | None) -> None:

@@ -228,7 +228,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: StrictInt | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: StrictBool | None = None  # true only: false is refused (unsupported.py)
+    parallel_tool_calls: StrictBool | None = None  # false: at most one tool call (guided_request)
     response_format: ResponseFormat | None = None
     metadata: dict[str, Any] | None = None  # tags; keys naming a request field set it (FastDeploy)
     store: Any = None  # false is accepted: nothing is stored

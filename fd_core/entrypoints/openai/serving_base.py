@@ -161,7 +161,7 @@ class OpenAIServing:
             raise OpenAIError(f"{param} holds token ids outside the vocabulary [0, {vocab}): {bad[:8]}", 400, param)
 
     # ---- generation ---------------------------------------------------------------
-    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
+    async def generate(self, request_id: str, prompt: list[int] | dict[str, Any], params: SamplingParams,
                        arrival_time: float) -> AsyncIterator[RequestOutput]:
         """``client.generate`` with metrics; closing it aborts the request."""
         self.metrics.request_received()

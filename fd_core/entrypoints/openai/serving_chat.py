@@ -15,6 +15,7 @@ from fd_core.entrypoints.openai.concurrency import reserve
 from fd_core.entrypoints.openai.errors import OpenAIError, error_body
 from fd_core.entrypoints.openai.guided_request import guided_params
 from fd_core.entrypoints.openai.literal_tokens import LiteralSpecialTokens
+from fd_core.entrypoints.openai.mm_content import MultiModalChat
 from fd_core.entrypoints.openai.protocol import ChatCompletionRequest
 from fd_core.entrypoints.openai.serving_base import OpenAIServing, random_id, sse, usage
 from fd_core.entrypoints.openai.template_sandbox import RequestTemplateRenderer
@@ -38,6 +39,7 @@ class OpenAIServingChat(OpenAIServing):
         self.allow_request_chat_template = allow_request_chat_template
         self.template_renderer: RequestTemplateRenderer | None = None  # request templates; None: the shared one
         self.literal: LiteralSpecialTokens | None = None  # --escape-special-tokens (set by build_app)
+        self.mm: MultiModalChat | None = None  # image content parts, for a multimodal model (set by build_app)
 
     async def create(self, request: ChatCompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
         """The response dict, or the SSE event strings when ``request.stream``."""
@@ -47,9 +49,15 @@ class OpenAIServingChat(OpenAIServing):
         self._check_unsupported(request)
         self.check_token_ids(request.prompt_token_ids or [], "prompt_token_ids")
         self.check_token_ids(request.completion_token_ids or [], "completion_token_ids")
+        request, media = (self.mm.split(request, self.literal is not None) if self.mm is not None
+                          else (request, []))  # image parts -> text + the images, in order
         prompt_ids = await chat_prompt_ids(request, self.tokenizer, self.chat_template,
                                            self.allow_request_chat_template, self.template_renderer,
                                            self.max_model_len, self.literal)
+        engine_prompt: list[int] | dict[str, Any] = prompt_ids
+        if media and self.mm is not None:  # decoded and processed off the event loop; placeholders expanded
+            engine_prompt = await self.mm.prompt(prompt_ids, media)
+            prompt_ids = engine_prompt["prompt_token_ids"]
         field = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         max_tokens = self.max_tokens_for(len(prompt_ids), requested, field)
@@ -66,7 +74,7 @@ class OpenAIServingChat(OpenAIServing):
                                       **extra)
         reserve(params.n, "n")  # each sample is an engine request against --max-concurrency
         request_id = random_id("chatcmpl", request.request_id)
-        stream = self.generate(request_id, prompt_ids, params, arrival)
+        stream = self.generate(request_id, engine_prompt, params, arrival)
         first = await self.first_output(stream)
         use_tools = self.tool_parser if request.template_tools() else None
         parsers = [ChoiceParser(self.reasoning_parser, use_tools, self.tokenizer, request, prompt_ids)

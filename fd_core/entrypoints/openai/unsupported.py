@@ -19,7 +19,8 @@ __all__ = ["REFUSED", "check_refused"]
 
 _STRUCTURED = ("(vLLM's newer form) is not taken; send response_format or guided_json / guided_regex / "
                "guided_choice / guided_grammar / structural_tag instead")
-_MULTIMODAL = "needs a multimodal model, which fd-core does not serve yet; remove the field"
+_MULTIMODAL = ("is not taken per request yet: images go in image_url content parts (ERNIE-4.5-VL), the "
+               "processor's settings in the server's --mm-processor-kwargs; remove the field")
 
 
 def _off(value: Any) -> bool:
@@ -35,7 +36,8 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "structured_outputs": (_off, _STRUCTURED),
     "mm_hashes": (_off, _MULTIMODAL),
     "mm_processor_kwargs": (_off, _MULTIMODAL),
-    "include_draft_logprobs": (_off, "needs speculative decoding, which fd-core does not implement yet"),
+    "include_draft_logprobs": (_off, "draft tokens' logprobs are not returned; accepted tokens carry their own "
+                               "logprobs (logprobs / top_logprobs)"),
     "disaggregate_info": (_off, "is for prefill/decode disaggregation, which fd-core does not implement yet"),
     "collect_metrics": (_off, "(per-request metrics in the answer) is not implemented; "
                               "the server's /metrics endpoint has the timings"),
@@ -51,9 +53,7 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "web_search_options": (_off, "is not supported: fd-core has no web search"),
     "verbosity": (_off, "is not supported; remove the field"),
     "store": (_off, "is not supported: fd-core does not store completions; send false or leave it out"),
-    # true (the default) is what happens anyway; false would need the output constrained to one call
-    "parallel_tool_calls": (lambda v: v is None or v is True, "false (at most one tool call) needs structured output, which "
-                            "fd-core does not implement yet (issue 19); leave it out or send true"),
+    # parallel_tool_calls is served: false keeps one call (guided_request, chat_parsing)
     "service_tier": (_one_of("auto", "default"), "is not supported beyond 'auto' and 'default': "
                                                  "fd-core has one service tier"),
 }

@@ -25,7 +25,7 @@ REFUSED_VALUES = {
     "functions": [{"name": "f"}], "function_call": "auto", "audio": {"voice": "alloy"},
     "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
     "reasoning_effort": "low", "web_search_options": {"search_context_size": "low"}, "verbosity": "low", "store": True,
-    "service_tier": "flex", "suffix": "the end", "parallel_tool_calls": False,
+    "service_tier": "flex", "suffix": "the end",
 }
 
 

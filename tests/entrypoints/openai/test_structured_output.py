@@ -73,3 +73,24 @@ async def test_named_tool_choice_returns_a_tool_call_with_valid_arguments(http):
 async def test_bad_constraints_are_a_400_naming_the_problem(http, body, words):
     r = await http.post(COMPLETIONS, json={"prompt": "x", "max_tokens": 5, **body})
     assert_error(r, 400, *words)
+
+
+async def test_streamed_forced_tool_calls_validate_and_match_the_whole_answer(http):
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": SCHEMA}}]
+    body = {"messages": USER, "tools": tools, "max_tokens": 40, "seed": 2, "tool_choice": "required",
+            "parallel_tool_calls": False, **COMPACT}
+    whole = (await http.post(CHAT, json=body)).json()["choices"][0]
+    r = await http.post(CHAT, json={**body, "stream": True})
+    pieces, finish = [], None
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            for c in json.loads(line[6:])["choices"]:
+                pieces += c["delta"].get("tool_calls") or []
+                finish = c.get("finish_reason") or finish
+    assert finish == whole["finish_reason"] == "tool_calls"  # this seed completes within 40 tokens
+    (call,) = whole["message"]["tool_calls"]  # parallel_tool_calls false: exactly one
+    assert {p["index"] for p in pieces} == {0} and pieces[0]["function"]["name"] == "weather"
+    assert len(pieces) > 2  # the arguments in pieces
+    args = "".join(p["function"].get("arguments", "") for p in pieces)
+    assert json.loads(args) == json.loads(call["function"]["arguments"])
+    jsonschema.validate(json.loads(args), SCHEMA)
