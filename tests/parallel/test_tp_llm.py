@@ -34,6 +34,16 @@ def test_tp2_greedy_tokens_equal_tp1(checkpoint_factory, shape, naming):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("shape,naming", [("tiny-dense", "paddle"), ("tiny-moe", "pytorch")])
+def test_tp4_greedy_tokens_equal_tp1(checkpoint_factory, shape, naming):
+    # 4 ranks: the tiny models' 2 KV heads are replicated (ranks 0-1 share head 0, ranks 2-3 head 1)
+    model = checkpoint_factory(shape, naming)
+    before = set(descendants(os.getpid()))
+    _assert_same(_run(model, 1), _run(model, 4), 1e-4)
+    assert not alive(sorted(set(descendants(os.getpid())) - before))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["tiny-dense", "tiny-moe"])
 def test_tp2_wint8_greedy_tokens_equal_wint8_tp1(checkpoint_factory, shape):
     # a row-parallel rank quantizes its rows with the whole column's scales (tests/parallel/test_tp_quant.py)
