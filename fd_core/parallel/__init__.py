@@ -12,11 +12,12 @@ memory, read by every worker), the worker main for ranks 1..N-1 (``worker``)
 and ``ParallelRunner``, rank 0's ``ModelRunner`` stand-in that drives them.
 
 Rank 0 is the engine core's own process (the driver): it runs the scheduler,
-its own model shard, and samples. Expert and data parallelism and several
-hosts (issue 17 items 3-4) fit here later: a ``ParallelConfig`` field and a
-transform each. The engine sits above: it hands its ``ModelRunner`` class to
+its own model shard, and samples. Expert parallelism (``expert_parallel.py``,
+a transform) and several hosts (``multinode.py``) live here too; data
+parallelism is replicas of the whole engine (``fd_core.engine.dp_client``). The engine sits above: it hands its ``ModelRunner`` class to
 ``make_runner``, which a worker builds its own from. May import: fd_core.models,
-fd_core.layers, fd_core.ops, fd_core.backends, fd_core._paddle, fd_core.envs.
+fd_core.layers, fd_core.ops, fd_core.backends, fd_core._paddle, fd_core.envs,
+fd_core.errors (UnsupportedFeatureError for what TP cannot split).
 """
 
 from fd_core.parallel.config import ParallelConfig, check_tensor_parallel
