@@ -5,6 +5,8 @@ reference's composition."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -184,6 +186,28 @@ def _quantized_2d(fd: Harness, method: str, weight: np.ndarray) -> QuantizedWeig
         return _reference_quantizer(method)(method, fd.host(weight))  # type: ignore[no-any-return]
 
 
+def expert_args(fd: Harness, method: str, up_gate: np.ndarray, down: np.ndarray, s_up: np.ndarray,
+                s_down: np.ndarray) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The experts' and shared expert's arguments of ``moe_experts_with_shared`` /
+    ``moe_layer``, on the device and on the host: fp weights rounded to the case's
+    dtype for ``method`` "none", else quantized with ``method``."""
+    if method == "none":
+        up_gate, down, s_up, s_down = (fd.rounded(w) for w in (up_gate, down, s_up, s_down))
+        args = dict(up_gate_weights=fd.device(up_gate), down_weights=fd.device(down), quant=None,
+                    shared_up_gate=fd.device(s_up), shared_down=fd.device(s_down))
+        host = dict(up_gate_weights=fd.host(up_gate), down_weights=fd.host(down), quant=None,
+                    shared_up_gate=fd.host(s_up), shared_down=fd.host(s_down))
+        return args, host
+    quant = (_stack_quantized(fd, method, up_gate), _stack_quantized(fd, method, down))
+    shared = (_quantized_2d(fd, method, s_up), _quantized_2d(fd, method, s_down))
+    on_device = [replace_tensors(q, lambda t: t.to(fd.place)) for q in (*quant, *shared)]
+    args = dict(up_gate_weights=None, down_weights=None, quant=tuple(on_device[:2]),
+                shared_up_gate=on_device[2], shared_down=on_device[3])
+    host = dict(up_gate_weights=None, down_weights=None, quant=quant, shared_up_gate=shared[0],
+                shared_down=shared[1])
+    return args, host
+
+
 @pytest.mark.parametrize("tokens,hidden,inter,shared_inter,experts,top_k,empty", [
     (1, 256, 256, 512, 8, 2, ()), (37, 256, 512, 256, 8, 2, (1, 5)),
 ])
@@ -205,20 +229,7 @@ def test_moe_layer_experts(
     weights, ids = _uneven_routing(rng, tokens, experts, top_k, empty)
     routing = dict(topk_weights=fd.device(weights, "float32"), topk_ids=fd.device(ids))
     host_routing = dict(topk_weights=fd.host(weights), topk_ids=fd.host(ids))
-    if method == "none":
-        up_gate, down, s_up, s_down = (fd.rounded(w) for w in (up_gate, down, s_up, s_down))
-        args = dict(up_gate_weights=fd.device(up_gate), down_weights=fd.device(down), quant=None,
-                    shared_up_gate=fd.device(s_up), shared_down=fd.device(s_down))
-        host = dict(up_gate_weights=fd.host(up_gate), down_weights=fd.host(down), quant=None,
-                    shared_up_gate=fd.host(s_up), shared_down=fd.host(s_down))
-    else:
-        quant = (_stack_quantized(fd, method, up_gate), _stack_quantized(fd, method, down))
-        shared = (_quantized_2d(fd, method, s_up), _quantized_2d(fd, method, s_down))
-        on_device = [replace_tensors(q, lambda t: t.to(fd.place)) for q in (*quant, *shared)]
-        args = dict(up_gate_weights=None, down_weights=None, quant=tuple(on_device[:2]),
-                    shared_up_gate=on_device[2], shared_down=on_device[3])
-        host = dict(up_gate_weights=None, down_weights=None, quant=quant, shared_up_gate=shared[0],
-                    shared_down=shared[1])
+    args, host = expert_args(fd, method, up_gate, down, s_up, s_down)
     case = (f"{method}: x[{tokens}, {hidden}] experts={experts} top_k={top_k} inter={inter} "
             f"shared_inter={shared_inter} dtype={fd.dtype}")
     result = None

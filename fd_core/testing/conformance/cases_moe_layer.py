@@ -9,8 +9,8 @@ import pytest
 
 from fd_core._paddle import import_paddle
 from fd_core.testing.conformance import STATE_KEY
-from fd_core.testing.conformance.cases_moe import MIN_GAP, _quantized_2d, _stack_quantized
-from fd_core.testing.conformance.harness import Harness, Tolerance, case_rng, replace_tensors
+from fd_core.testing.conformance.cases_moe import MIN_GAP, expert_args
+from fd_core.testing.conformance.harness import Harness, Tolerance, case_rng
 
 paddle = import_paddle()
 
@@ -63,20 +63,7 @@ def test_moe_layer(
                    top_k=top_k, renormalize=True, norm_min=1e-12)
     host_routing = dict(gate=fd.host(gate), correction_bias=None if bias is None else fd.host(bias), top_k=top_k,
                         renormalize=True, norm_min=1e-12)
-    if method == "none":
-        up_gate, down, s_up, s_down = (fd.rounded(w) for w in (up_gate, down, s_up, s_down))
-        args = dict(up_gate_weights=fd.device(up_gate), down_weights=fd.device(down), quant=None,
-                    shared_up_gate=fd.device(s_up), shared_down=fd.device(s_down))
-        host = dict(up_gate_weights=fd.host(up_gate), down_weights=fd.host(down), quant=None,
-                    shared_up_gate=fd.host(s_up), shared_down=fd.host(s_down))
-    else:
-        quant = (_stack_quantized(fd, method, up_gate), _stack_quantized(fd, method, down))
-        shared = (_quantized_2d(fd, method, s_up), _quantized_2d(fd, method, s_down))
-        on_device = [replace_tensors(q, lambda t: t.to(fd.place)) for q in (*quant, *shared)]
-        args = dict(up_gate_weights=None, down_weights=None, quant=tuple(on_device[:2]),
-                    shared_up_gate=on_device[2], shared_down=on_device[3])
-        host = dict(up_gate_weights=None, down_weights=None, quant=quant, shared_up_gate=shared[0],
-                    shared_down=shared[1])
+    args, host = expert_args(fd, method, up_gate, down, s_up, s_down)
     if not with_shared:
         args.update(shared_up_gate=None, shared_down=None)
         host.update(shared_up_gate=None, shared_down=None)
