@@ -77,6 +77,23 @@ class RequestMetrics:
         """Accepted / drafted tokens (None when nothing was drafted)."""
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 
+    def speculate_metrics(self) -> dict[str, float | int] | None:
+        """FastDeploy's per-request ``speculate_metrics`` (None when nothing was
+        drafted). ``accepted_tokens`` are the tokens the request produced (each
+        step's target token plus its accepted drafts, FastDeploy's meaning);
+        ``rejected_tokens`` the drafts verified and refused; ``accept_ratio``
+        the share of produced tokens that were accepted drafts;
+        ``average_accept_length`` tokens per target step. fd-core adds the raw
+        counts: ``draft_tokens`` verified and ``draft_acceptance_rate``."""
+        if not self.num_draft_tokens:
+            return None
+        produced, accepted = self.num_generation_tokens, self.num_accepted_tokens
+        steps = max(produced - accepted, 1)
+        return {"accepted_tokens": produced, "rejected_tokens": self.num_draft_tokens - accepted,
+                "accept_ratio": accepted / produced if produced else 0.0,
+                "average_accept_length": produced / steps,
+                "draft_tokens": self.num_draft_tokens, "draft_acceptance_rate": accepted / self.num_draft_tokens}
+
     @property
     def time_in_queue(self) -> float | None:
         if self.first_scheduled_time is None:

@@ -9,11 +9,11 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fd_core.engine.client import EngineClient, RequestError
-from fd_core.engine.outputs import PositionLogprobs, RequestOutput
+from fd_core.engine.outputs import PositionLogprobs, RequestMetrics, RequestOutput
 from fd_core.entrypoints.openai.errors import OpenAIError
 from fd_core.entrypoints.openai.protocol import SamplingFields
 from fd_core.metrics import Metrics
@@ -263,14 +263,24 @@ class OpenAIServing:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-          reasoning_tokens: int = 0) -> dict[str, Any]:
-    return {
+          reasoning_tokens: int = 0, speculate: Sequence[RequestMetrics] = ()) -> dict[str, Any]:
+    """The OpenAI usage object; ``speculate``: the finished requests' metrics, whose
+    speculative-decoding figures (summed) become FastDeploy's ``speculate_metrics``
+    when anything was drafted."""
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
+    summed = RequestMetrics(arrival_time=0.0, num_generation_tokens=sum(m.num_generation_tokens for m in speculate),
+                            num_draft_tokens=sum(m.num_draft_tokens for m in speculate),
+                            num_accepted_tokens=sum(m.num_accepted_tokens for m in speculate))
+    spec = summed.speculate_metrics()
+    if spec is not None:
+        body["speculate_metrics"] = spec
+    return body
 
 
 def _finite(x: float) -> float:

@@ -131,7 +131,7 @@ class OpenAIServingChat(OpenAIServing):
             "id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
             "choices": choices,
             "usage": usage(len(final.prompt_token_ids), sum(len(c.token_ids) for c in final.outputs),
-                           final.num_cached_tokens, sum(p.reasoning_tokens for p in parsers)),
+                           final.num_cached_tokens, sum(p.reasoning_tokens for p in parsers), [final.metrics]),
         }
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, model: str, params: SamplingParams,
@@ -163,7 +163,9 @@ class OpenAIServingChat(OpenAIServing):
                 if request.return_token_ids:
                     delta["prompt_token_ids"] = prompt_ids
                 yield chunk([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+            last = first
             async for out in outputs():
+                last = out
                 cached = max(cached, out.num_cached_tokens)
                 for c in out.outputs:
                     if done[c.index]:
@@ -196,7 +198,7 @@ class OpenAIServingChat(OpenAIServing):
             if request.include_usage:
                 yield sse({"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
                            "choices": [], "usage": usage(n_prompt, sum(generated), cached,
-                                                         sum(p.reasoning_tokens for p in parsers))})
+                                                         sum(p.reasoning_tokens for p in parsers), [last.metrics])})
         except OpenAIError as exc:
             yield sse(error_body(exc.message, exc.status, exc.param))
         except Exception as exc:  # the engine died mid-stream, or a bug: tell the client, then end

@@ -125,7 +125,8 @@ class OpenAIServingCompletion(OpenAIServing):
         n_prompt = sum(len(f.prompt_token_ids) for f in finals)
         return {"id": base_id, "object": "text_completion", "created": int(time.time()), "model": model,
                 "choices": choices,
-                "usage": usage(n_prompt, n_out, sum(f.num_cached_tokens for f in finals))}
+                "usage": usage(n_prompt, n_out, sum(f.num_cached_tokens for f in finals),
+                               speculate=[f.metrics for f in finals])}
 
     def _choice(self, request: CompletionRequest, params: SamplingParams, prompt: tuple[str | None, list[int]],
                 final: RequestOutput, c: CompletionOutput, index: int) -> dict[str, Any]:
@@ -175,8 +176,10 @@ class OpenAIServingCompletion(OpenAIServing):
             async for item in merge_streams(streams):
                 yield item
 
+        lasts = list(firsts)
         try:
             async for p, out in outputs():
+                lasts[p] = out
                 cached[p] = max(cached[p], out.num_cached_tokens)
                 for c in out.outputs:
                     index = p * n + c.index
@@ -214,7 +217,8 @@ class OpenAIServingCompletion(OpenAIServing):
                         yield chunk(choice)
             if request.include_usage:
                 yield sse({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                           "choices": [], "usage": usage(n_prompt, sum(generated.values()), sum(cached))})
+                           "choices": [], "usage": usage(n_prompt, sum(generated.values()), sum(cached),
+                                                         speculate=[f.metrics for f in lasts])})
         except OpenAIError as exc:
             yield sse(error_body(exc.message, exc.status, exc.param))
         except Exception as exc:
