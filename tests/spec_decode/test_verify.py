@@ -113,3 +113,26 @@ def test_model_drafter_q_equal_to_p_accepts_everything() -> None:
         r = verify(logits, [[1, 2]], one, np.zeros(1, np.int64), one, np.zeros(1),
                    rng.random((3, 16)), draft_probs=[q])
         assert r.num_accepted == [2]
+
+
+def _full_sort_top_p(row: np.ndarray, temperature: float, top_p: float) -> np.ndarray:
+    """target_probs without top-k or min-p, by sorting the whole row (stable:
+    equal weights in id order)."""
+    z = row.astype(np.float64) / temperature
+    w = np.exp(z - z.max())
+    order = np.argsort(-w, kind="stable")
+    before = np.concatenate(([0.0], np.cumsum(w[order])[:-1]))
+    n = max(int(np.searchsorted(before, top_p * float(w.sum()), side="left")), 1)
+    kept = np.zeros_like(w)
+    kept[order[:n]] = w[order[:n]]
+    return kept / kept.sum()
+
+
+@pytest.mark.parametrize("scale,top_p", [(8.0, 0.8), (1.0, 0.9), (0.5, 0.999), (3.0, 0.1)])
+def test_top_p_on_a_large_row_keeps_what_a_full_sort_keeps(scale: float, top_p: float) -> None:
+    """The top-p cut sorts only the largest weights while their mass reaches the
+    cut (growing the head otherwise: scale 0.5 / 0.999 needs the whole row);
+    the kept set and the probabilities are those of a full sort, ties included."""
+    rng = np.random.default_rng(int(scale * 10) + int(top_p * 1000))
+    row = (np.round(rng.normal(0, scale, 103_424) * 4) / 4).astype(np.float32)  # many equal logits
+    np.testing.assert_array_equal(target_probs(row, 1.0, 0, top_p, 0.0), _full_sort_top_p(row, 1.0, top_p))
