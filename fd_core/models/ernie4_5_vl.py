@@ -127,6 +127,14 @@ class Ernie4_5_VLForConditionalGeneration:
 
     # ------------------------------------------------------------ forward
 
+    def unfuse_layers(self) -> None:
+        """Tensor parallelism's request: the layers already run one by one."""
+
+    def embed_ids(self, input_ids: Any) -> Any:
+        """``input_ids [T]`` -> ``[T, D]`` fp32 rows of the embedding table (tensor
+        parallelism replaces it with the vocab-parallel lookup)."""
+        return embed(self.embed_tokens.data, input_ids)
+
     def encode(self, pixel_values: Any, grid_thw: tuple[int, int, int]) -> Any:
         """One image's (or video's) patches ``[N, C*P*P]`` -> its ``[N / m^2 / t_m, D]`` fp32 tokens."""
         with paddle.no_grad():
@@ -141,7 +149,7 @@ class Ernie4_5_VLForConditionalGeneration:
     def forward(self, input_ids: Any, meta: Any, caches: list[KVCache], logits_indices: Any, mm: Any = None) -> Any:
         """``input_ids [T]`` -> logits ``[N, V]`` at ``logits_indices`` (None: every row); ``mm``: the
         step's image features, 3D positions and vision rows (None: a text-only step)."""
-        h = embed(self.embed_tokens.data, input_ids)  # [T, D] fp32
+        h = self.embed_ids(input_ids)  # [T, D] fp32
         cos_sin, rows = self.cos_sin, None
         if mm is not None:
             if mm.embed_rows is not None:

@@ -43,10 +43,6 @@ def check_tensor_parallel(config: Any, world: int) -> None:
     size that does not divide and the sizes that would."""
     if world == 1:
         return
-    if getattr(config, "vision", None) is not None:  # ERNIE-4.5-VL: the vision tower and split MoE
-        raise ValueError(f"--tensor-parallel-size {world}: {config.architecture} does not support tensor "
-                         "parallelism yet (ERNIE 4.5 dense and MoE do); serve it with --tensor-parallel-size 1")
-
     def divides(what: str, value: int) -> None:
         if value % world:
             ok = [n for n in range(1, value + 1) if value % n == 0 and n <= 64]
@@ -64,6 +60,8 @@ def check_tensor_parallel(config: Any, world: int) -> None:
     divides("intermediate_size", config.intermediate_size)
     if config.is_moe:
         divides("moe_intermediate_size", config.moe_intermediate_size)
+    if getattr(config, "vision", None) is not None:  # ERNIE-4.5-VL: its vision experts split too
+        divides("vision moe_intermediate_size", config.vision_moe_intermediate_size)
 
 
 def visible_devices(visible_devices_env: str, environ: Mapping[str, str]) -> list[str] | None:
@@ -86,6 +84,10 @@ def visible_devices(visible_devices_env: str, environ: Mapping[str, str]) -> lis
 def check_expert_parallel(config: Any, world: int) -> None:
     """Raise ValueError when ``--enable-expert-parallel`` cannot run the model of
     ``config`` (``fd_core.models.config.ModelConfig``) over ``world`` ranks."""
+    if getattr(config, "vision", None) is not None:
+        raise ValueError(f"--enable-expert-parallel: {config.architecture} keeps text and vision experts apart, "
+                         "which expert parallelism does not place yet; drop the flag (--tensor-parallel-size alone "
+                         "splits every expert)")
     if not config.is_moe:
         raise ValueError(f"--enable-expert-parallel: {config.architecture} is a dense model (no routed experts); "
                          "drop the flag (--tensor-parallel-size alone splits it)")

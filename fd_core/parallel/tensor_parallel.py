@@ -106,6 +106,8 @@ class TensorParallel:
             mlp = layer.mlp
             if isinstance(mlp, MoE):
                 self._moe(mlp, names)
+            elif hasattr(mlp, "text") and hasattr(mlp, "vision"):  # ERNIE-4.5-VL's modality-split MoE
+                self._modality_moe(mlp, names)
             else:
                 self._gated(mlp, names)
                 _reduce_output(mlp, self)
@@ -121,15 +123,30 @@ class TensorParallel:
         """Every routed expert's intermediate dim split (TP for MoE without EP;
         ``fd_core.parallel.expert_parallel`` overrides this), shared experts as a
         dense MLP, one all-reduce of the layer's output."""
-        e, d = mlp.up_gate_proj.shape[0], mlp.up_gate_proj.shape[1]
-        inter = mlp.down_proj.shape[1]
-        lo, hi = _even(0, inter, self.rank, self.world)
-        self._shrink(mlp.up_gate_proj, names, Split(2, ((lo, hi), (inter + lo, inter + hi))))
-        self._shrink(mlp.down_proj, names, Split(1, ((lo, hi),)))
+        self._split_experts(mlp, names)
         if mlp.shared_experts is not None:
             self._gated(mlp.shared_experts, names)
         _reduce_output(mlp, self)
-        assert mlp.up_gate_proj.shape[:2] == (e, d)
+
+    def _modality_moe(self, mlp: Any, names: dict[int, str]) -> None:
+        """ERNIE-4.5-VL's MoE (``.text`` and ``.vision`` MoEs, ``.shared`` a dense MLP
+        for every token): both expert sets split as a MoE's, the shared experts as a
+        dense MLP, one all-reduce of the whole layer's output (the text and vision
+        parts are partial sums like the shared one). The routers stay whole."""
+        self._split_experts(mlp.text, names)
+        self._split_experts(mlp.vision, names)
+        if mlp.shared is not None:
+            self._gated(mlp.shared, names)
+        _reduce_output(mlp, self)
+
+    def _split_experts(self, moe: MoE, names: dict[int, str]) -> None:
+        """The routed experts' intermediate dim: this rank's slice of up and gate, and of down's input."""
+        e, d = moe.up_gate_proj.shape[0], moe.up_gate_proj.shape[1]
+        inter = moe.down_proj.shape[1]
+        lo, hi = _even(0, inter, self.rank, self.world)
+        self._shrink(moe.up_gate_proj, names, Split(2, ((lo, hi), (inter + lo, inter + hi))))
+        self._shrink(moe.down_proj, names, Split(1, ((lo, hi),)))
+        assert moe.up_gate_proj.shape[:2] == (e, d)
 
     def _attention(self, attn: Any, names: dict[int, str], c: Any) -> None:
         r, n, dh = self.rank, self.world, c.head_dim

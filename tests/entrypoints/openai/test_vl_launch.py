@@ -2,8 +2,8 @@
 fd-serve (the engine in its own process: the processed images travel to it pickled): the XPU
 VL-28B line (TP 1, wint8, --enable-mm, --limit-mm-per-prompt, --mm-processor-kwargs) serves
 image requests and answers 400s past the limit; the 424B line (wint4, --max-num-batched-tokens 384)
-serves with --tensor-parallel-size 1, and as written (--tensor-parallel-size 8) exits 2 naming the
-tensor-parallel size the VL model does not take yet."""
+serves as written, --tensor-parallel-size 8 included, a tiny-vl with 8 attention heads (eight ranks on
+the CPU), and exits 2 naming the size where the model's 4 heads do not divide over 8 ranks."""
 
 from __future__ import annotations
 
@@ -43,15 +43,16 @@ def _chat(n_images: int) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("page", ["XPU VL-28B", "ERNIE-4.5-VL-424B-A47B-Paddle"])
 def test_vl_line_serves_images(page, checkpoint_factory, tmp_path):
-    """The XPU line as it is; the 424B line (wint4, --max-num-batched-tokens 384: chunks cut the
-    prompt, an image's tokens included, into several steps) with --tensor-parallel-size 1."""
-    model = checkpoint_factory("tiny-vl", "paddle", max_position_embeddings=131072)
+    """Both lines as they are: the 424B one (wint4, --max-num-batched-tokens 384: chunks cut the
+    prompt, an image's tokens included, into several steps; --tensor-parallel-size 8) on a tiny-vl
+    whose 8 heads split over its 8 ranks (and whose vision experts keep an even width per rank for wint4)."""
+    heads = {} if page == "XPU VL-28B" else {"num_attention_heads": 8, "head_dim": 8, "moe_intermediate_size": (32, 48)}
+    model = checkpoint_factory("tiny-vl", "paddle", max_position_embeddings=131072, **heads)
     words = _words(_line(page), str(model))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     words[words.index("--port") + 1] = str(port)
-    words[words.index("--tensor-parallel-size") + 1] = "1"
     if "--metrics-port" in words:
         i = words.index("--metrics-port")
         words = words[:i] + words[i + 2:]
@@ -84,8 +85,8 @@ def test_vl_line_serves_images(page, checkpoint_factory, tmp_path):
 
 
 @pytest.mark.slow
-def test_424b_line_is_refused_naming_the_tensor_parallel_size(checkpoint_factory, tmp_path):
+def test_424b_line_is_refused_where_the_heads_do_not_split(checkpoint_factory, tmp_path):
     model = checkpoint_factory("tiny-vl", "paddle", max_position_embeddings=131072)
     code, log, _ = _serve(_words(_line("ERNIE-4.5-VL-424B-A47B-Paddle"), str(model)), tmp_path)
     assert code == 2, log
-    assert "--tensor-parallel-size 8" in log and "does not support tensor parallelism" in log, log
+    assert "--tensor-parallel-size 8 does not divide the model's num_attention_heads (4)" in log, log
