@@ -6,7 +6,8 @@ Owns ``--scheduler-name global`` and FastDeploy's ``--scheduler-*`` flags
 (``wire.py``), the side of an instance that takes queued work, its own or
 stolen, and runs it on its engine (``executor.py``), and the engine client
 the API server talks to (``client.py``: it puts each accepted request into
-Redis and streams the results back, whichever instance ran it). The engine
+Redis and streams the results back, whichever instance ran it; ``instance.py``:
+each API worker of ``--workers N`` an instance of its own). The engine
 core knows nothing of this: ``GlobalSchedulerClient`` wraps the instance's
 ``EngineClient``. Prefill/decode disaggregation and the router come later.
 

@@ -23,6 +23,7 @@ reports back is followed (the others are aborted).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import time
@@ -34,7 +35,7 @@ from fd_core.cluster.config import GlobalSchedulerConfig
 from fd_core.cluster.executor import Executor
 from fd_core.cluster.store import RedisStore
 from fd_core.cluster.wire import Result, decode_result, encode_request, request_id_of, ticket_of
-from fd_core.engine.client import EngineClient, EngineDeadError, EngineStats, RequestError
+from fd_core.engine.client import EngineClient, EngineDeadError, EngineStats, RequestError, admit
 from fd_core.engine.outputs import RequestOutput
 from fd_core.sampling.params import SamplingParams
 
@@ -70,14 +71,16 @@ class _Pending:
 class GlobalSchedulerClient(EngineClient):
     """An ``EngineClient`` that schedules through Redis; anything else goes to ``inner``."""
 
-    def __init__(self, inner: EngineClient, config: GlobalSchedulerConfig, default_name: str | None = None) -> None:
+    def __init__(self, inner: EngineClient, config: GlobalSchedulerConfig, default_name: str | None = None,
+                 capacity: int | None = None) -> None:
+        """``capacity``: requests this instance runs at once (default: the engine's --max-num-seqs)."""
         self.inner = inner
         self.tokenizer = inner.tokenizer
         self.info = inner.info
         self.config = config
         self.base_name = config.instance_name or default_name or socket.gethostname()
         self.store = RedisStore(config, self.base_name)
-        self.executor = Executor(self.store, inner, inner.info.max_num_seqs or 8, self._local_result)
+        self.executor = Executor(self.store, inner, capacity or inner.info.max_num_seqs or 8, self._local_result)
         self._pending: dict[str, _Pending] = {}
         self._registered = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -127,12 +130,7 @@ class GlobalSchedulerClient(EngineClient):
         self, request_id: str, prompt: str | list[int] | dict[str, Any], params: SamplingParams,
         arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        await self.check_health()
-        if self._closing is not None:
-            raise self._closing
-        self.start()
-        if request_id in self._pending:
-            raise RequestError(f"request id {request_id!r} is already in flight")
+        await admit(self, request_id, self._pending, self._closing)
         if "#" in request_id:
             raise RequestError(f"request id {request_id!r} may not contain '#'")
         pending = _Pending(request_id, encode_request(prompt, params, arrival_time or time.time()))
@@ -194,7 +192,7 @@ class GlobalSchedulerClient(EngineClient):
     async def _results_loop(self) -> None:
         await self._registered.wait()
         while True:
-            entries = await self.store.retry("read results", lambda: self.store.pop_results(1.0))
+            entries = await self.store.retry("read results", lambda: self.store.read_results(1.0))
             for entry in entries:
                 try:
                     result = decode_result(entry)
@@ -203,6 +201,8 @@ class GlobalSchedulerClient(EngineClient):
                     continue
                 if not self._dispatch(result):
                     self._in_background(self._abort_ticket(result.ticket))
+            # handled: drop them (read again after a lost reply, they are seen already by seq)
+            await self.store.retry("acknowledge results", functools.partial(self.store.ack_results, entries))
 
     def _dispatch(self, result: Result) -> bool:
         """Hand a result to its waiter; False if nobody wants this ticket any more."""

@@ -33,7 +33,10 @@ class GlobalSchedulerConfig:
     min_load_score: float = 3.0  # --scheduler-min-load-score: an idle instance steals only from a
     #                              queue holding at least this many requests
     load_shards_num: int = 1  # --scheduler-load-shards-num: shards of the instance (load) table
-    expire_period_ms: int = 3000  # --scheduler-expire-period: an instance whose heartbeat is older is gone
+    expire_period_ms: int = 3000  # --scheduler-expire-period: an instance whose heartbeat is older is gone;
+    #                              milliseconds, as FastDeploy's code reads it (SplitWiseSchedulerConfig:
+    #                              "expire_period=3000,  # ms", divided by 1000) though its scheduler page's
+    #                              table says seconds: a FastDeploy launch line keeps its meaning
     instance_name: str | None = None  # this instance's name in Redis (default: host:port of the API)
 
     def __post_init__(self) -> None:
@@ -85,9 +88,6 @@ def scheduler_config_from(ns: Any) -> GlobalSchedulerConfig | None:
                          "(issue 18 item 2); use --scheduler-name global or local")
     if name == "local":
         return None
-    if getattr(ns, "workers", 1) not in (None, 1):
-        raise ValueError(f"--scheduler-name global takes one API process per instance, got --workers "
-                         f"{ns.workers}: start several instances (each its own fd-serve) instead")
     defaults = GlobalSchedulerConfig()
 
     def get(attr: str, default: Any) -> Any:

@@ -41,12 +41,13 @@ class Executor:
         self.wake = asyncio.Event()  # set when this instance queued a request, or a slot freed
         self.running: dict[str, asyncio.Task] = {}  # ticket -> its run
         self.taking = True  # False once shutting down: run what is here, take nothing new
+        self.stopped = False  # set by stop: run returns
         self.num_taken = 0
         self.num_stolen = 0
 
     async def run(self) -> None:
-        """Take and start work until cancelled."""
-        while True:
+        """Take and start work until cancelled or ``stop``ped."""
+        while not self.stopped:
             if not self.taking or len(self.running) >= self.capacity:
                 await self._wait(None)
                 continue
@@ -58,11 +59,15 @@ class Executor:
             self.running[ticket] = asyncio.create_task(self._execute(ticket, origin, body))
 
     async def _wait(self, timeout: float | None) -> None:
+        """Until ``wake`` is set or ``timeout`` passes. Not ``asyncio.wait_for``: before Python
+        3.12 it returns normally when a cancel arrives just as the event is set, and ``run``
+        then waited forever on a shutdown (issue 18: the shutdown hang)."""
         self.wake.clear()
+        waiter = asyncio.ensure_future(self.wake.wait())
         try:
-            await asyncio.wait_for(self.wake.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
 
     async def _take_one(self) -> tuple[str, str, bytes] | None:
         store = self.store
@@ -142,6 +147,8 @@ class Executor:
     async def stop(self) -> None:
         """Take nothing more and cancel what runs (the accepting sides re-queue or fail it)."""
         self.taking = False
+        self.stopped = True
+        self.wake.set()
         for task in list(self.running.values()):
             task.cancel()
         await asyncio.gather(*self.running.values(), return_exceptions=True)

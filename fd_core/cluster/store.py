@@ -11,7 +11,11 @@ Every key of a topic starts ``fd:<topic>:``:
 - ``claim:<ticket>``: who took it (set once: a request is never taken twice,
   even when a retried push queued it twice);
 - ``abort:<ticket>``: the accepting instance no longer wants it;
-- ``res:<name>``: results for the requests ``name`` accepted.
+- ``res:<name>``: results for the requests ``name`` accepted; its reader
+  removes entries only once it has handled them (``ack_results``), so a
+  reply lost when Redis goes down loses no result;
+- ``bell:<name>``: at most one element, pushed with every result: what the
+  reader blocks on while ``res:<name>`` is empty.
 
 Every request key lives ``--scheduler-ttl`` seconds. Calls go through
 ``retry``: a connection error (Redis down or restarting, loading its data)
@@ -54,6 +58,9 @@ for i = 1, 32 do
     if origin ~= me then
       redis.call('RPUSH', p .. 'res:' .. origin, 'S' .. t .. '\\n' .. me)
       redis.call('EXPIRE', p .. 'res:' .. origin, ttl)
+      redis.call('RPUSH', p .. 'bell:' .. origin, 1)
+      redis.call('LTRIM', p .. 'bell:' .. origin, -1, -1)
+      redis.call('EXPIRE', p .. 'bell:' .. origin, ttl)
     end
     return {t, origin, redis.call('HGET', p .. 'req:' .. t, 'body')}
   end
@@ -68,8 +75,30 @@ local p, origin, t, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 if redis.call('EXISTS', p .. 'abort:' .. t) == 1 then return 0 end
 redis.call('RPUSH', p .. 'res:' .. origin, ARGV[5])
 redis.call('EXPIRE', p .. 'res:' .. origin, ttl)
+redis.call('RPUSH', p .. 'bell:' .. origin, 1)
+redis.call('LTRIM', p .. 'bell:' .. origin, -1, -1)
+redis.call('EXPIRE', p .. 'bell:' .. origin, ttl)
 return 1
 """
+
+# drop the first ARGV[1] results of list KEYS[1] once handled, if its entry ARGV[1] is still ARGV[2]
+# (a retried acknowledgement whose first reply was lost drops nothing twice)
+_ACK = """
+local n = tonumber(ARGV[1])
+if redis.call('LINDEX', KEYS[1], n - 1) == ARGV[2] then
+  redis.call('LTRIM', KEYS[1], n, -1)
+  return 1
+end
+return 0
+"""
+
+
+def _cancelling() -> bool:
+    """Whether the current task has a cancel pending (``Task.cancelling``: Python 3.11+; on 3.10
+    a swallowed cancel cannot be seen here)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else False
 
 
 class RedisStore:
@@ -83,6 +112,7 @@ class RedisStore:
                                     socket_connect_timeout=2.0, socket_timeout=10.0, health_check_interval=5)
         self._take = self.redis.register_script(_TAKE)
         self._push = self.redis.register_script(_PUSH)
+        self._ack = self.redis.register_script(_ACK)
         self.down_since: float | None = None  # set while calls fail; for the log and the tests
 
     # ---- keys -------------------------------------------------------------------
@@ -100,8 +130,7 @@ class RedisStore:
             try:
                 result = await call()
             except TRANSIENT as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():  # redis-py turns a cancel into a connection error
+                if _cancelling():  # redis-py turns a cancel into a connection error
                     raise asyncio.CancelledError() from exc
                 loop_time = asyncio.get_running_loop().time()
                 if self.down_since is None:
@@ -111,8 +140,7 @@ class RedisStore:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, BACKOFF_MAX)
                 continue
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():  # a cancel redis-py swallowed mid-call
+            if _cancelling():  # a cancel redis-py swallowed mid-call
                 raise asyncio.CancelledError()
             if self.down_since is not None:
                 logger.warning("Redis %s:%d reachable again", self.config.host, self.config.port)
@@ -211,14 +239,22 @@ class RedisStore:
         """Append a result for ``origin``; False if the ticket was aborted."""
         return bool(await self._push(args=[self.prefix, origin, ticket, self.config.ttl, entry]))
 
-    async def pop_results(self, timeout: float, count: int = 256) -> list[bytes]:
-        """This instance's results: what is there now, else wait up to ``timeout`` for one."""
+    async def read_results(self, timeout: float, count: int = 256) -> list[bytes]:
+        """The oldest of this instance's results, left in Redis until ``ack_results``
+        (a destructive pop whose reply is lost in a Redis restart would lose them);
+        when there are none, wait up to ``timeout`` for one."""
         key = self.key("res", self.name)
-        got: list[bytes] | None = await self.redis.lpop(key, count)  # type: ignore[assignment]
+        got: list[bytes] = await self.redis.lrange(key, 0, count - 1)  # type: ignore[assignment]
         if got:
             return list(got)
-        item: list[bytes] | None = await self.redis.blpop([key], timeout=timeout)  # type: ignore[assignment]
-        return [item[1]] if item else []
+        if await self.redis.blpop([self.key("bell", self.name)], timeout=timeout):
+            got = await self.redis.lrange(key, 0, count - 1)  # type: ignore[assignment]
+        return list(got)
+
+    async def ack_results(self, entries: list[bytes]) -> None:
+        """Drop ``entries``, the oldest results, which ``read_results`` gave and the caller handled."""
+        if entries:
+            await self._ack(keys=[self.key("res", self.name)], args=[len(entries), entries[-1]])
 
     async def close(self) -> None:
         await self.redis.aclose()

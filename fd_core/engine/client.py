@@ -13,7 +13,7 @@ import abc
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from fd_core.sampling.params import SamplingParams
 
 __all__ = [
     "EngineClient", "EngineDeadError", "EngineInfo", "EngineStats", "InprocEngineClient", "RequestError",
-    "engine_info_of",
+    "admit", "engine_info_of",
 ]
 
 
@@ -113,6 +113,24 @@ class EngineClient(abc.ABC):
     @abc.abstractmethod
     async def shutdown(self) -> None:
         """Stop the engine."""
+
+    def start(self) -> None:
+        """Start the client's background tasks in the running loop (``admit`` calls it on
+        every request; it must be cheap once started). Default: nothing to start."""
+        return None
+
+
+async def admit(client: EngineClient, request_id: str, in_flight: Container[str],
+                closing: BaseException | None) -> None:
+    """The checks at the top of a ``generate`` (``MPEngineClient``, ``DataParallelClient``,
+    ``GlobalSchedulerClient``): the engine serves, the client is not shutting down
+    (``closing``: the error ``abort_all`` set), its tasks run, ``request_id`` is new."""
+    await client.check_health()
+    if closing is not None:
+        raise closing
+    client.start()
+    if request_id in in_flight:
+        raise RequestError(f"request id {request_id!r} is already in flight")
 
 
 class InprocEngineClient(EngineClient):

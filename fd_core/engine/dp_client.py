@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fd_core.config import EngineArgs
-from fd_core.engine.client import EngineClient, EngineDeadError, EngineStats, RequestError
+from fd_core.engine.client import EngineClient, EngineDeadError, EngineStats, admit
 from fd_core.engine.mp_engine import MPEngineClient
 from fd_core.engine.outputs import RequestOutput
 from fd_core.sampling.params import SamplingParams
@@ -181,12 +181,7 @@ class DataParallelClient(EngineClient):
         self, request_id: str, prompt: str | list[int] | dict[str, Any], params: SamplingParams,
         arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        await self.check_health()
-        if self._closing is not None:
-            raise self._closing
-        if request_id in self._owner:
-            raise RequestError(f"request id {request_id!r} is already in flight")
-        self.start()
+        await admit(self, request_id, self._owner, self._closing)
         i = self.pick()
         replica = self.replicas[i]
         self._owner[request_id] = i

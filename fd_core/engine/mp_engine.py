@@ -30,6 +30,7 @@ from fd_core.engine.client import (
     EngineDeadError,
     EngineStats,
     RequestError,
+    admit,
 )
 from fd_core.engine.engine_process import EngineEndpoint, run_engine_process, start_engine_process
 from fd_core.engine.frontend import Frontend, eos_token_ids_of
@@ -139,12 +140,7 @@ class MPEngineClient(EngineClient):
         self, request_id: str, prompt: str | list[int] | dict[str, Any], params: SamplingParams,
         arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        await self.check_health()
-        if self._closing is not None:
-            raise self._closing
-        self.start()
-        if request_id in self._queues:
-            raise RequestError(f"request id {request_id!r} is already in flight")
+        await admit(self, request_id, self._queues, self._closing)
         try:
             requests = self.frontend.prepare(request_id, prompt, params, arrival_time or time.time())
         except (ValueError, TypeError) as exc:

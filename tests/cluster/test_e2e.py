@@ -87,6 +87,26 @@ def test_three_instances_share_work_survive_a_redis_restart_and_an_instance_deat
             s.stop()
 
 
+def test_api_workers_of_one_server_are_instances_of_their_own(checkpoint_factory, redis_server, tmp_path):
+    model = checkpoint_factory("tiny-dense", "pytorch")
+    flags = ["--workers", "2", "--max-num-seqs", "4", "--scheduler-name", "global", "--scheduler-port",
+             str(redis_server.port), "--scheduler-topic", "workers", "--scheduler-min-load-score", "1"]
+    server = Server(tiny_server_args(model, *flags), tmp_path / "server.log")
+    try:
+        server.wait_ready(180)
+        names = [f"{_name(server)}-w0", f"{_name(server)}-w1"]
+        wait_for(lambda: sorted(_loads(redis_server.port, "workers")) == names, 30, "both workers registered")
+        assert all(v["capacity"] == 2 for v in _loads(redis_server.port, "workers").values())
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda i: _complete(server.url, i % 2, 8), range(8)))
+        assert [code for code, _ in results] == [200] * 8, results
+        assert len({body["choices"][0]["text"] for _, body in results[0::2]}) == 1
+        wait_for(lambda: sum(v["taken"] for v in _loads(redis_server.port, "workers").values()) == 8, 10,
+                 "the heartbeats count the 8 requests taken")
+    finally:
+        server.stop()
+
+
 def _name(server: Server) -> str:
     import socket
 
