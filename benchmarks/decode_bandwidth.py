@@ -13,18 +13,22 @@ taken between the configurations' rounds), and the ratio
 
 plus greedy agreement with fp32 (``--agree-prompts`` prompts x
 ``--agree-tokens`` tokens: the fraction of sequences identical throughout,
-and the mean fraction of tokens equal before the first divergence).
+the mean fraction of tokens equal before the first divergence, and the mean
+|logprob - fp32's| of fp32's greedy tokens scored teacher-forced
+(``prompt_logprobs``) by each configuration).
 
     python benchmarks/decode_bandwidth.py                       # 0.3B, x86, LM head quantized like the layers
     python benchmarks/decode_bandwidth.py --lm-head float       # FastDeploy's default float head
     python benchmarks/decode_bandwidth.py --configs wint8,int4 --rounds 5 --kernels
+    python benchmarks/decode_bandwidth.py --configs fp32,int4:float,int4:same   # one config, two heads, one run
 
 Configurations: fp32, bf16 (``--dtype bfloat16``), wint8, int4 (FastDeploy's
 ``mix_quant`` with wint4 dense layers: plain ``wint4`` keeps an ERNIE dense
 model at wint8), w8a8. ``--lm-head same`` (default) quantizes the head with
 the configuration's method (int8 for wint8 / w8a8, int4 for int4), ``float``
 keeps it float (FastDeploy's default; ``--dtype auto``: bf16 for the 0.3B),
-``int8`` uses wint8 (w8a8 under w8a8). Quantized configurations run with
+``int8`` uses wint8 (w8a8 under w8a8); ``config:head`` in ``--configs``
+overrides it per configuration. Quantized configurations run with
 ``--dtype auto`` for what is not quantized.
 ``--kernels`` adds the quantized linears' kernels alone (one row, one call
 per weight, through ``fd_x86.linear``) against their bytes' floor: what the
@@ -77,16 +81,12 @@ def quantization(config: str, lm_head: str, group_size: int) -> dict[str, Any] |
 
 def step_bytes(model: Any) -> int:
     """Bytes one B=1 decode step reads: every resident weight's storage (codes +
-    scales for quantized ones) except the embedding table, of which one row."""
-    total = 0
+    scales for quantized ones) except the embedding table, of which one row (the
+    table may be a tied float head's view, which ``resident_params`` leaves out)."""
     embed = getattr(model, "embed_tokens", None)
-    for param in resident_params(model):
-        if param.data is None:
-            continue
-        if param is embed:
-            total += resident_bytes(param.data) // int(param.data.shape[0])
-        else:
-            total += resident_bytes(param.data)
+    total = sum(resident_bytes(p.data) for p in resident_params(model) if p.data is not None and p is not embed)
+    if embed is not None and embed.data is not None:
+        total += resident_bytes(embed.data) // int(embed.data.shape[0])
     return total
 
 
@@ -136,10 +136,11 @@ def finish(llm: LLM) -> None:
         llm.engine.step()
 
 
-def agreement(llms: dict[str, LLM], prompts: list[list[int]], tokens: int) -> tuple[str, dict[str, tuple[float, float]]]:
+def agreement(llms: dict[str, LLM], prompts: list[list[int]],
+              tokens: int) -> tuple[str, dict[str, tuple[float, float, float]]]:
     """(the reference: fp32, else the first config; per config (fraction of prompts whose
     ``tokens`` greedy tokens all equal the reference's, mean fraction equal before the
-    first divergence))."""
+    first divergence, mean |logprob difference| on the reference's tokens))."""
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     outs = {name: [list(o.outputs[0].token_ids) for o in llm.generate(
         [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)] for name, llm in llms.items()}
@@ -149,9 +150,23 @@ def agreement(llms: dict[str, LLM], prompts: list[list[int]], tokens: int) -> tu
         n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         return n / max(1, len(b))
 
+    scored = [p + s for p, s in zip(prompts, outs[ref])]
+    lps = {name: scored_logprobs(llm, scored, [len(p) for p in prompts]) for name, llm in llms.items()}
     return ref, {name: (sum(a == b for a, b in zip(seqs, outs[ref])) / len(prompts),
-                        statistics.mean(prefix(a, b) for a, b in zip(seqs, outs[ref])))
+                        statistics.mean(prefix(a, b) for a, b in zip(seqs, outs[ref])),
+                        float(np.mean(np.abs(lps[name] - lps[ref]))))
                  for name, seqs in outs.items()}
+
+
+def scored_logprobs(llm: LLM, sequences: list[list[int]], starts: list[int]) -> np.ndarray:
+    """Logprobs of ``sequences``' own tokens from position ``starts[i]`` on, teacher-forced, concatenated."""
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+    values = []
+    for out, seq, begin in zip(outs, sequences, starts):
+        for pos in range(begin, len(seq)):
+            values.append(out.prompt_logprobs[pos][seq[pos]].logprob)
+    return np.array(values, dtype=np.float64)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agree-tokens", type=int, default=32)
     args = ap.parse_args(argv)
     names = [c for c in args.configs.split(",") if c]
-    unknown = [c for c in names if c not in CONFIGS]
+    heads = {n: n.partition(":")[2] or args.lm_head for n in names}
+    unknown = [c for c in names if c.partition(":")[0] not in CONFIGS or heads[c] not in ("same", "float", "int8")]
     if unknown or not names:
-        ap.error(f"--configs takes a comma list of {', '.join(CONFIGS)}; got {args.configs!r}")
+        ap.error(f"--configs takes a comma list of {', '.join(CONFIGS)} (each optionally :same, :float or :int8 "
+                 f"for its LM head); got {args.configs!r}")
     path = Path(args.model) if args.model else CHECKPOINT
     if not (path / "config.json").is_file():
         generate_checkpoint(path, "0.3b", naming="paddle")
@@ -186,9 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         # quantized configurations keep the rest (norms, embeddings, a float head) in
         # --dtype auto, as a user gets it (bf16 where the checkpoint and backend have it)
-        dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(name, "auto")
+        config = name.partition(":")[0]
+        dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(config, "auto")
         llms[name] = LLM(str(path), backend=args.backend, dtype=dtype, kv_cache_dtype="float32",
-                         quantization=quantization(name, args.lm_head, args.group_size), max_model_len=1024,
+                         quantization=quantization(config, heads[name], args.group_size), max_model_len=1024,
                          max_num_seqs=max(1, args.agree_prompts), num_gpu_blocks_override=64)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(100, 2000, args.prompt)]
@@ -212,14 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     ref, agree = agreement(llms, agree_prompts, args.agree_tokens) if args.agree_prompts > 0 else ("-", {})
     print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (median of {len(reads)} probes of {args.probe_mib} MiB; "
           f"range {probe / max(reads) / 1e9:.1f}-{probe / min(reads) / 1e9:.1f})")
-    print(f"{'config':8} {'step ms':>8} {'tok/s':>7} {'MB read':>8} {'floor ms':>8} {'x floor':>7} "
-          f"greedy = {ref} (identical, prefix)")
+    print(f"{'config':10} {'step ms':>8} {'tok/s':>7} {'MB read':>8} {'floor ms':>8} {'x floor':>7} "
+          f"greedy = {ref} (identical, prefix), mean |dlogprob|")
     for name, llm in llms.items():
         nbytes = step_bytes(llm.engine.core.runner.model)
         step_s = statistics.median(steps[name])
         floor_s = nbytes / bandwidth
-        same = f"{agree[name][0]:4.0%} {agree[name][1]:4.0%}" if name in agree else "-"
-        print(f"{name:8} {step_s * 1e3:8.2f} {1 / step_s:7.1f} {nbytes / 1e6:8.1f} {floor_s * 1e3:8.2f} "
+        same = f"{agree[name][0]:4.0%} {agree[name][1]:4.0%} {agree[name][2]:.4f}" if name in agree else "-"
+        print(f"{name:10} {step_s * 1e3:8.2f} {1 / step_s:7.1f} {nbytes / 1e6:8.1f} {floor_s * 1e3:8.2f} "
               f"{step_s / floor_s:7.2f}   {same}")
     for name, (seconds, nbytes) in kernels.items():
         if nbytes:

@@ -147,6 +147,14 @@ def greedy_report(fd_tokens: list[tuple[str, str, list[list[int]]]],
     return report
 
 
+def fp32_mismatches(greedy: dict[str, str]) -> list[str]:
+    """The fp32-vs-f32 pairs of a ``greedy_report`` whose tokens differ: the same weights without
+    quantization must agree token for token (``benchmarks/moe_oracle.py`` checks all three sides against
+    HF transformers on a reduced 21B-A3B shape)."""
+    return [pair for pair, verdict in greedy.items()
+            if pair.endswith("vs llama.cpp f32") and not verdict.startswith("equal")]
+
+
 def _backend(requested: str) -> str:
     from fd_core.backends import list_backends
 
@@ -264,7 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"decode tok/s after {args.prompt_len}-token prompts (fd-core: B x {args.steps} engine steps / their time; "
           f"llama.cpp: llama-batched-bench, {args.decode_tokens} tokens), prefill tok/s; median of {args.rounds} "
           f"interleaved round(s); fd-core LM head {args.lm_head}, --dtype {args.fd_dtype} for quantized rows\n")
+    failed = []
     for result in results.values():
+        failed += fp32_mismatches(result["greedy"])
         print(format_table(result["title"], args.batch, args.prefill_len, result["llama"], result["fd"]))
         print(f"\ngreedy agreement, {args.greedy_tokens} tokens x {args.greedy_prompts} prompts:")
         for pair, verdict in result["greedy"].items():
@@ -273,6 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"machine": info, "args": {k: str(v) for k, v in vars(args).items()},
                                          "results": results}, indent=2) + "\n")
+    if failed:
+        print(f"FAILED: fd-core fp32 and llama.cpp f32 greedy tokens differ: {', '.join(failed)}")
+        return 1
     return 0
 
 

@@ -6,14 +6,19 @@ layers (1 dense + 3 MoE), 16 experts top-4, expert width 768, 1 shared
 expert, 16 heads x 64 (2 KV heads); generated once under ``checkpoints/``.
 For each ``--quantization`` (wint8 / wint4: experts int4, the rest int8)
 it builds one runner, prefills B prompts, then alternates timed runs of
-decode steps over three paths: ``FD_X86_MOE_NATIVE=0`` (the per-expert
-path: ``fd_core.ops.moe.grouped_experts`` over the contract-layout
-linears), ``FD_X86_MOE_LAYER=0`` (the native ops: router linear,
-``fd_x86_moe_select``, ``fd_x86_moe_experts_shared``: three calls per MoE
-layer) and the default (``fd_x86_moe_layer``: one call per MoE layer, the
-routing inside). Each number is the median (and the fastest) of
-``--repeats`` runs of ``--steps`` steps; the paths' runs alternate, so load
-from other processes falls on all of them.
+decode steps over four paths (``--paths`` picks some): ``FD_X86_MOE_NATIVE=0``
+(the per-expert path: ``fd_core.ops.moe.grouped_experts`` over the
+contract-layout linears), ``FD_X86_MOE_LAYER=0`` (the native ops: router
+linear, ``fd_x86_moe_select``, ``fd_x86_moe_experts_shared``: three calls
+per MoE layer), ``fd_x86_moe_layer`` (one call per MoE layer, the routing
+inside), these three with each MoE layer's attention half op by op (the
+model's MoE layers unfused, as before they ran it through
+``Ops.decoder_layers``), and the default: the layer op after the attention
+half in one ``fd_x86_decoder_layers`` call (with the dense layer before it,
+if any). Each
+number is the median (and the fastest) of ``--repeats`` runs of ``--steps``
+steps; the paths' runs alternate, so load from other processes falls on all
+of them.
 
 ``--profile`` times, per step, every backend op call (router linear,
 routing, experts, shared-expert and attention linears, norms, attention)
@@ -22,6 +27,7 @@ gathers and scatters around them.
 
     python benchmarks/moe_decode.py                       # wint8 wint4, B = 1 8
     python benchmarks/moe_decode.py --quantization wint4 --batch 1 --profile
+    python benchmarks/moe_decode.py --paths layer fused     # the MoE layers' attention half fused or not
     python benchmarks/moe_decode.py --call-overhead      # per-call cost of one MoE layer, tiny weights
 
 ``--call-overhead`` times ``Ops.moe_layer`` at T = 1 on a tiny wint8 layer
@@ -70,24 +76,33 @@ def checkpoint() -> Path:
 
 class Profile:
     """Timers around the runner's ops (and the per-expert kernels inside
-    ``fd_x86.moe``'s reference-grouped path): ms per step by family."""
+    ``fd_x86.moe``'s reference-grouped path): ms per step by family, each
+    op's own time (less the timed ops it calls)."""
 
     def __init__(self, ops: Any, hidden: int, experts: int) -> None:
         self.ops, self.hidden, self.experts = ops, hidden, experts
         self.totals: dict[str, float] = defaultdict(float)
         self._saved: dict[str, Any] = {}
+        self._nested: list[float] = []  # per running timed op: its inner timed ops' time
 
     def _wrap(self, name: str, fn: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
+            # self time: an op that runs others (decoder_layers composing the separate ops
+            # when the backend declines) counts its time less theirs
+            self._nested.append(0.0)
             start = time.perf_counter()
             out = fn(*args, **kwargs)
+            elapsed = time.perf_counter() - start
+            inner = self._nested.pop()
+            if self._nested:
+                self._nested[-1] += elapsed
             family = name
             if name == "linear":
                 weight = args[1] if len(args) > 1 else kwargs.get("weight")
                 quant = args[3] if len(args) > 3 else kwargs.get("quant")
                 n = weight.shape[-1] if weight is not None else getattr(quant, "out_features", 0)
                 family = "router linear" if n == self.experts else "linears (attn, dense, shared, head)"
-            self.totals[family] += time.perf_counter() - start
+            self.totals[family] += elapsed - inner
             return out
         return timed
 
@@ -119,8 +134,16 @@ class Profile:
         xmoe.quantized_linear = self._kernel
 
 
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
 def run(args: argparse.Namespace) -> None:
     backend = get_backend("x86")
+    print(f"{_cpu_model()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
     max_len = args.prompt_len + args.steps + 2
     blocks = -(-max_len // BLOCK_SIZE)
     for method in args.quantization:
@@ -133,24 +156,27 @@ def run(args: argparse.Namespace) -> None:
             b = Batch(runner, batch, args.prompt_len, max_len, first, __import__("numpy").random.default_rng(0))
             first += batch * blocks
             b.prefill()
-            times: dict[str, list[float]] = {mode: [] for mode in MODES}
-            for mode in MODES:  # warm every path
-                _set_mode(mode)
+            modes = [m for m in MODES if m in args.paths]
+            times: dict[str, list[float]] = {mode: [] for mode in modes}
+            for mode in modes:  # warm every path
+                _set_mode(mode, runner.model)
                 b.time_decode(2)
             for _ in range(args.repeats):
-                for mode in MODES:
-                    _set_mode(mode)
+                for mode in modes:
+                    _set_mode(mode, runner.model)
                     times[mode].append(b.time_decode(args.steps))
             med = {mode: statistics.median(t) for mode, t in times.items()}
             best = {mode: min(t) for mode, t in times.items()}
             print(f"{method:6s} B={batch:<3d} " + "  ".join(
-                f"{MODES[m]} {med[m]:6.2f} ms/step ({batch * 1e3 / med[m]:6.1f} tok/s)" for m in MODES), flush=True)
-            print(f"           layer op vs native ops {med['ops'] / med['layer']:.2f}x (fastest runs "
-                  f"{best['ops'] / best['layer']:.2f}x), vs per-expert path {med['0'] / med['layer']:.2f}x "
-                  f"(fastest {best['0'] / best['layer']:.2f}x)", flush=True)
+                f"{MODES[m]} {med[m]:6.2f} ms/step ({batch * 1e3 / med[m]:6.1f} tok/s)" for m in modes), flush=True)
+            print(f"           load average {os.getloadavg()[0]:.1f}", flush=True)
+            for slow, fast in (("ops", "layer"), ("0", "layer"), ("layer", "fused")):
+                if slow in med and fast in med:
+                    print(f"           {MODES[fast]} vs {MODES[slow]}: {med[slow] / med[fast]:.3f}x (fastest runs "
+                          f"{best[slow] / best[fast]:.3f}x)", flush=True)
             if args.profile:
-                for mode in MODES:
-                    _set_mode(mode)
+                for mode in modes:
+                    _set_mode(mode, runner.model)
                     with Profile(runner.ops, runner.config.hidden_size, runner.config.num_experts) as prof:
                         total = b.time_decode(args.steps)
                     print(f"  profile, {MODES[mode]}: {total:.2f} ms/step")
@@ -162,16 +188,23 @@ def run(args: argparse.Namespace) -> None:
                             print(f"    {'  of which expert kernels':38s} {sub / args.steps * 1e3:7.3f} ms")
                     rest = total - sum(v for k, v in prof.totals.items() if not k.startswith(" ")) / args.steps * 1e3
                     print(f"    {'rest (model Python, embed, sampling-free)':38s} {rest:7.3f} ms")
-        _set_mode("layer")
+        _set_mode("fused", runner.model)
 
 
-# path -> label: FD_X86_MOE_NATIVE=0, FD_X86_MOE_LAYER=0, both on (the default)
-MODES = {"0": "per-expert path", "ops": "native ops", "layer": "layer op"}
+# path -> label: FD_X86_MOE_NATIVE=0, FD_X86_MOE_LAYER=0, both on, each with the MoE layers'
+# attention half op by op (the MoE layers unfused); everything on (the default)
+MODES = {"0": "per-expert path", "ops": "native ops", "layer": "layer op",
+         "fused": "layer op + fused attention"}
 
 
-def _set_mode(mode: str) -> None:
+def _set_mode(mode: str, model: Any = None) -> None:
     os.environ["FD_X86_MOE_NATIVE"] = "0" if mode == "0" else "1"
-    os.environ["FD_X86_MOE_LAYER"] = "1" if mode == "layer" else "0"
+    os.environ["FD_X86_MOE_LAYER"] = "1" if mode in ("layer", "fused") else "0"
+    if model is not None:
+        for layer in model.layers:
+            if not layer.is_dense:
+                layer.fused = mode == "fused"
+        model._runs = model._plan_runs()
 
 
 def call_overhead() -> None:
@@ -234,6 +267,8 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--paths", nargs="+", choices=list(MODES), default=list(MODES),
+                        help="which paths to time (default: all): " + ", ".join(f"{k} = {v}" for k, v in MODES.items()))
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--call-overhead", action="store_true", help="only the per-call timing on tiny weights")
     args = parser.parse_args()

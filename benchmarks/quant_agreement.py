@@ -30,6 +30,16 @@ Issue 22's methods (not in the default list; name them with ``--methods``):
 
     python benchmarks/quant_agreement.py --shapes 0.3b mid-moe --methods wint8 block_wise_fp8 w4a8 w4a8-moe
 
+FastDeploy's offline-quantized checkpoint formats (``offline-fp8``,
+``offline-w4a8c8``, ``offline-2bits``): the shape's float checkpoint written
+in that on-disk layout by ``fd_core.testing.quantized_checkpoints`` (once,
+beside it) and loaded as stored, detected from its config.json (no
+``--quantization``); W4A8C8 runs with the int8 KV cache its config asks for.
+2Bits needs dimensions that are multiples of 128: ``--shapes tiny-moe128``
+is tiny-moe with hidden and expert sizes 128.
+
+    python benchmarks/quant_agreement.py --shapes tiny-moe tiny-moe128 --methods wint8 offline-fp8 offline-w4a8c8 offline-2bits
+
 Checkpoints are generated (seeded random weights, so the numbers describe
 these models, not trained ERNIE weights) under ``checkpoints/``, once.
 """
@@ -51,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 from fd_core.backends.registry import get_backend  # noqa: E402
 from fd_core.engine.model_runner import ModelRunner, StepInput  # noqa: E402
 from fd_core.quantization import parse_quantization  # noqa: E402
+from fd_core.quantization.offline import checkpoint_quantization  # noqa: E402
 from fd_core.testing.checkpoints import generate_checkpoint  # noqa: E402
 from fd_core.testing.greedy import greedy_generate  # noqa: E402
 
@@ -67,8 +78,16 @@ ALIASES = {  # FastDeploy's mixed form: wint4 for dense layers too (plain wint4 
 }
 
 
+OFFLINE = {"offline-fp8": "fp8", "offline-w4a8c8": "w4a8c8", "offline-2bits": "2bits"}
+SMALL_128: dict[str, Any] = {"hidden_size": 128, "moe_intermediate_size": 128}  # tiny-moe128: wint2 takes multiples of 128
+
+
 def checkpoint(shape: str, root: Path) -> Path:
     out = root / f"quant-agreement-{shape}-paddle"
+    if shape == "tiny-moe128":
+        if not (out / "config.json").is_file():
+            generate_checkpoint(out, "tiny-moe", naming="paddle", seed=0, **SMALL_128)
+        return out
     if shape == "mid-moe":  # moe_decode.py's checkpoint, generated there with its overrides
         from moe_decode import CHECKPOINT, MID_MOE
 
@@ -82,11 +101,36 @@ def checkpoint(shape: str, root: Path) -> Path:
     return out
 
 
+def offline_checkpoint(model_dir: Path, fmt: str) -> Path:
+    """``model_dir`` written in FastDeploy's offline ``fmt`` layout, once, beside it."""
+    from fd_core.testing.quantized_checkpoints import quantize_checkpoint
+
+    out = model_dir.parent / f"{model_dir.name}-offline-{fmt}"
+    if not (out / "config.json").is_file():
+        print(f"writing {out} (once)", file=sys.stderr, flush=True)
+        quantize_checkpoint(model_dir, out, fmt)
+    return out
+
+
 def make_runner(model_dir: Path, quantization: Any, num_blocks: int, max_len: int) -> ModelRunner:
     backend = get_backend("cpu")
-    config = parse_quantization(ALIASES.get(quantization, quantization))
+    if quantization in OFFLINE:  # the stored format, detected from config.json (as the engine does)
+        model_dir = offline_checkpoint(model_dir, OFFLINE[quantization])
+        config = checkpoint_quantization(model_dir, None)
+    else:
+        config = parse_quantization(ALIASES.get(quantization, quantization))
+    kv = getattr(config, "kv_cache_dtype", None) or "float32"
     return ModelRunner(model_dir, backend, num_blocks=num_blocks, block_size=BLOCK_SIZE,
-                       max_model_len=max_len, quantization=config)
+                       max_model_len=max_len, quantization=config, kv_cache_dtype=kv)
+
+
+def describe(model_dir: Path, method: str, architecture: str) -> str:
+    """What ``method`` resolves to on this model (an offline format: the stored one)."""
+    if method in OFFLINE:
+        config = checkpoint_quantization(offline_checkpoint(model_dir, OFFLINE[method]), None)
+    else:
+        config = parse_quantization(ALIASES.get(method, method), architecture)
+    return config.describe() if config is not None else "float"
 
 
 def teacher_forced_logprobs(runner: ModelRunner, prompts: list[list[int]], targets: list[list[int]],
@@ -133,7 +177,13 @@ def measure(shape: str, methods: list[str], num_prompts: int, num_tokens: int, r
     results = []
     for method in methods:
         start = time.perf_counter()
-        runner = make_runner(model_dir, method, num_blocks, max_len)
+        try:
+            runner = make_runner(model_dir, method, num_blocks, max_len)
+        except ValueError as exc:  # e.g. offline-2bits on a shape whose sizes are not multiples of 128
+            if method not in OFFLINE:
+                raise
+            print(f"{shape} {method}: skipped ({exc})", file=sys.stderr, flush=True)
+            continue
         got, _ = greedy_generate(runner, prompts, num_tokens)
         lp, hits = teacher_forced_logprobs(runner, prompts, want)
         prefix = [next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), len(w)) / len(w)
@@ -141,7 +191,7 @@ def measure(shape: str, methods: list[str], num_prompts: int, num_tokens: int, r
         delta = np.abs(np.concatenate(lp) - np.concatenate(want_lp))
         results.append({
             "shape": shape, "method": method,
-            "resolved": parse_quantization(ALIASES.get(method, method), runner.config.architecture).describe(),
+            "resolved": describe(model_dir, method, runner.config.architecture),
             "prompts": num_prompts, "tokens": num_tokens,
             "prefix": float(np.mean(prefix)),
             "identical": float(np.mean([g == w for g, w in zip(got, want)])),
@@ -164,14 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object per result")
     args = p.parse_args(argv)
     if not args.json:
-        print(f"{'shape':<11}{'method':<10}{'prefix':>8}{'identical':>10}{'top1':>8}"
+        print(f"{'shape':<12}{'method':<16}{'prefix':>8}{'identical':>10}{'top1':>8}"
               f"{'|dlp| mean':>12}{'|dlp| max':>11}{'fp32 MiB':>10}{'quant MiB':>10}  resolved")
     for shape in args.shapes:
         for r in measure(shape, args.methods, args.prompts, args.tokens, args.checkpoints):
             if args.json:
                 print(json.dumps(r), flush=True)
                 continue
-            print(f"{r['shape']:<11}{r['method']:<10}{r['prefix']:>8.3f}{r['identical']:>10.3f}"
+            print(f"{r['shape']:<12}{r['method']:<16}{r['prefix']:>8.3f}{r['identical']:>10.3f}"
                   f"{r['top1']:>8.3f}{r['dlogprob_mean']:>12.4f}{r['dlogprob_max']:>11.4f}"
                   f"{r['fp32_bytes'] / 2**20:>10.1f}{r['weight_bytes'] / 2**20:>10.1f}  {r['resolved']}",
                   flush=True)

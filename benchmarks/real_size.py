@@ -133,6 +133,14 @@ def mem_cells(load_s: float, mem: Any, hwm: int) -> list[str]:
             f"{mem.rss_anon / GIB:.2f} + {mem.rss_file / GIB:.2f}", f"{hwm / max(resident, 1):.2f}x"]
 
 
+PIECES = 2048  # fd_core.testing.checkpoints' trained tokenizer pieces; the rest of the vocab is padding
+
+
+def padding_ids(tokens: list[list[int]]) -> int:
+    """How many of ``tokens`` are padding-row ids (>= PIECES)."""
+    return sum(t >= PIECES for row in tokens for t in row)
+
+
 def report(args: argparse.Namespace, fd: dict[str, Any], lc: dict[str, Any], info: dict[str, Any]) -> str:
     """The markdown tables and the greedy verdict."""
     from llama_cpp import agreement, cell
@@ -153,7 +161,10 @@ def report(args: argparse.Namespace, fd: dict[str, Any], lc: dict[str, Any], inf
                                                       + [cell(fd["prefill"], lc["prefill"])]) + " |")
     lines += ["", f"greedy, {args.greedy_tokens} tokens x {len(fd['greedy'])} prompts: fd-core wint4 vs llama.cpp "
               f"Q4_0: {agreement(fd['greedy'], lc['greedy'])}",
-              f"  fd-core {fd['greedy']}", f"  llama.cpp {lc['greedy']}"]
+              f"  fd-core {fd['greedy']}", f"  llama.cpp {lc['greedy']}",
+              f"  ids >= {PIECES} (rows past the generated tokenizer's pieces: they win wherever the final "
+              f"hidden state's dimension 0 is negative, in any implementation; benchmarks/moe_oracle.py): "
+              f"fd-core {padding_ids(fd['greedy'])}, llama.cpp {padding_ids(lc['greedy'])}"]
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""Decode tok/s with and without speculative decoding (n-gram, suffix), same run.
+"""Decode tok/s with and without speculative decoding (n-gram, suffix, MTP), same run.
 
 The generated ERNIE-4.5-0.3B (random weights, Paddle naming) on the x86 backend
 at wint8, greedy, B=1 and B=8. Each configuration is its own ``LLM`` (loaded
@@ -14,11 +14,16 @@ after the first / that time. Workloads:
 
 Acceptance rate = accepted / drafted tokens, from the engine's counters. With
 random weights the acceptance is whatever the model's greedy continuation
-repeats; it is reported, not tuned. Greedy outputs are checked equal to the
+repeats; it is reported, not tuned. MTP drafts with the checkpoint's MTP block
+(random weights too: its acceptance is near zero, and is reported as measured);
+with ``mtp`` among the methods every configuration, the baseline included, loads
+the same checkpoint with an MTP block (``CHECKPOINT_MTP``: the same seed, so the
+same target). Greedy outputs are checked equal to the
 baseline's (speculation must not change a token).
 
     python benchmarks/spec_decode.py                         # k=4, B=1 and 8, 3 rounds
     python benchmarks/spec_decode.py --k 2 --batch 1 --rounds 5 --tokens 128
+    python benchmarks/spec_decode.py --methods mtp --k 1 --batch 1 8
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from fd_core import LLM, SamplingParams  # noqa: E402
 from fd_core.testing.checkpoints import generate_checkpoint  # noqa: E402
 
 CHECKPOINT = ROOT / "checkpoints" / "ernie-4.5-0.3b-paddle"
+CHECKPOINT_MTP = ROOT / "checkpoints" / "ernie-4.5-0.3b-paddle-mtp"  # + the MTP block (num_nextn_predict_layers 1)
 
 
 def cpu_model() -> str:
@@ -100,7 +106,7 @@ def main() -> int:
     ap.add_argument("--backend", default="x86")
     ap.add_argument("--quantization", default="wint8", help="a --quantization method, or none")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
-    ap.add_argument("--methods", default="ngram,suffix")
+    ap.add_argument("--methods", default="ngram,suffix,mtp")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--workloads", default="repetitive,generic")
     ap.add_argument("--tokens", type=int, default=96, help="tokens generated per request")
@@ -108,9 +114,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", default=None, help="checkpoint directory (default: the generated 0.3B)")
     args = ap.parse_args()
-    model = Path(args.model) if args.model else CHECKPOINT
+    mtp = "mtp" in args.methods.split(",")
+    model = Path(args.model) if args.model else CHECKPOINT_MTP if mtp else CHECKPOINT
     if not (model / "config.json").is_file():
-        generate_checkpoint(model, "0.3b", naming="paddle")
+        generate_checkpoint(model, "0.3b", naming="paddle", **({"num_nextn_predict_layers": 1} if mtp else {}))
     from fd_core.backends.cpu import num_threads
     from fd_core.models.config import load_config
 

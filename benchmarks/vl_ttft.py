@@ -11,9 +11,15 @@ save work), one request at a time, ``max_tokens=1``:
 - ``image hit``: the same image again: the encoder's features come from the encoder cache;
 - ``processor``: the image processor alone (decode, resize, normalize, patch) on the PNG bytes.
 
-The cases alternate ``--repeats`` times; medians and the ratios are printed with the CPU model.
+The cases alternate ``--repeats`` times; medians and the ratios are printed with the CPU model
+and the load average. ``--backend cpu x86`` measures each backend in turn (one engine at a time).
+``--baseline`` adds, in the same engine, ``baseline miss``: the same new-image request with the
+vision tower and resampler on the CPU reference's ops (every linear a plain fp32 ``paddle.matmul``,
+the attention ``fd_core.ops.vision_attention``'s reference: what the tower ran before it went
+through the backend's ops), and the encoder alone (``model.encode``) both ways.
 
-    python benchmarks/vl_ttft.py                     # bench-vl, 5 repeats
+    python benchmarks/vl_ttft.py                     # bench-vl, 5 repeats, cpu
+    python benchmarks/vl_ttft.py --backend cpu x86 --baseline
     python benchmarks/vl_ttft.py --shape tiny-vl --repeats 3
 
 Timings on a shared machine are noisy; read the ratios of one run.
@@ -22,7 +28,9 @@ Timings on a shared machine are noisy; read the ratios of one run.
 from __future__ import annotations
 
 import argparse
+import gc
 import io
+import os
 import statistics
 import subprocess
 import sys
@@ -72,18 +80,39 @@ def timed(llm, prompt, params) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", default="bench-vl", choices=["bench-vl", "tiny-vl"])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--backend", default="cpu")
-    args = ap.parse_args()
+def set_tower_ops(model, ops) -> None:
+    """Point the vision tower's and the resampler's layers at ``ops`` (the language model keeps its own)."""
+    seen: set[int] = set()
 
+    def visit(obj) -> None:
+        if id(obj) in seen or not hasattr(obj, "__dict__"):
+            return
+        seen.add(id(obj))
+        if hasattr(obj, "ops"):
+            obj.ops = ops
+        for value in vars(obj).values():
+            for item in value if isinstance(value, list) else [value]:
+                if type(item).__module__.startswith("fd_core.models."):
+                    visit(item)
+
+    visit(model.vision)
+    visit(model.resampler)
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run(backend: str, args) -> None:
     from fd_core import LLM, SamplingParams
+    from fd_core._paddle import import_paddle
+    from fd_core.backends.base import Ops
     from fd_core.multimodal import ImageProcessor
+    from fd_core.plugins.manager import make_plugin_manager
 
+    paddle = import_paddle()
     model = checkpoint(args.shape)
-    llm = LLM(model=str(model), backend=args.backend, max_model_len=2048, enable_prefix_caching=False,
+    llm = LLM(model=str(model), backend=backend, max_model_len=2048, enable_prefix_caching=False,
               dtype="float32")
     params = SamplingParams(max_tokens=1, temperature=0.0)
     processor = ImageProcessor.from_dir(model)
@@ -92,18 +121,51 @@ def main() -> None:
     n_text = len(llm.tokenizer.encode(text_prompt))
     hit_image = png(0)
     processed = processor(hit_image)
-    print(f"CPU: {cpu_model()}; backend {args.backend}; checkpoint {args.shape} ({model})")
+    runner = llm.engine.core.runner
+    net = runner.model
+    own_ops = net.vision.blocks[0].ops
+    import fd_core.backends.cpu as reference_module
+
+    reference_ops = Ops(make_plugin_manager(reference_module), "cpu")
+    print(f"\n=== CPU: {cpu_model()}; backend {backend}; checkpoint {args.shape} ({model}); {load()}")
     print(f"image 448x448 -> grid {processed.grid_thw}, {processed.num_tokens} LM tokens; text prompt {n_text} tokens")
+    print(f"vision attention answered by {own_ops.implementers('vision_attention')[0]}")
     timed(llm, {"prompt": image_prompt, "multi_modal_data": {"image": hit_image}}, params)  # warm-up, fills the cache
     timed(llm, text_prompt, params)
-    cache = llm.engine.core.runner.encoder_cache
+    cache = runner.encoder_cache
     times: dict[str, list[float]] = {"text": [], "image miss": [], "image hit": [], "processor": []}
+    if args.baseline:
+        times.update({"baseline miss": [], "encoder": [], "baseline encoder": [], "attention": [],
+                      "baseline attention": []})
+        block = net.vision.blocks[0]
+        n_patches = int(np.prod(processed.grid_thw))
+        rng = np.random.default_rng(0)
+        attn_args = [paddle.to_tensor(rng.normal(0, 1, (n_patches, 3 * block.num_heads * block.head_dim)).astype(
+            np.float32))] + [paddle.to_tensor(f(rng.uniform(0, 6, (n_patches, block.head_dim // 2))).astype(
+                np.float32)) for f in (np.cos, np.sin)]
+
+    def attention(ops) -> float:  # one vision block's attention op, one image's patches
+        start = time.perf_counter()
+        ops.vision_attention(*attn_args, [0, n_patches], block.num_heads, block.head_dim**-0.5)
+        return time.perf_counter() - start
+
+    def encoder(ops) -> float:
+        set_tower_ops(net, ops)
+        start = time.perf_counter()
+        net.encode(processed.pixel_values, processed.grid_thw)
+        elapsed = time.perf_counter() - start
+        set_tower_ops(net, own_ops)
+        return elapsed
+
+    def miss(seed: int) -> float:
+        misses = cache.misses
+        elapsed = timed(llm, {"prompt": image_prompt, "multi_modal_data": {"image": png(seed)}}, params)
+        assert cache.misses == misses + 1, "a new image must miss the encoder cache"
+        return elapsed
+
     for r in range(args.repeats):
         times["text"].append(timed(llm, text_prompt, params))
-        misses = cache.misses
-        times["image miss"].append(timed(llm, {"prompt": image_prompt, "multi_modal_data": {"image": png(r + 1)}},
-                                         params))
-        assert cache.misses == misses + 1, "a new image must miss the encoder cache"
+        times["image miss"].append(miss(r + 1))
         hits = cache.hits
         times["image hit"].append(timed(llm, {"prompt": image_prompt, "multi_modal_data": {"image": hit_image}},
                                         params))
@@ -112,16 +174,41 @@ def main() -> None:
         start = time.perf_counter()
         processor(data)
         times["processor"].append(time.perf_counter() - start)
+        if args.baseline:
+            set_tower_ops(net, reference_ops)
+            times["baseline miss"].append(miss(r + 1000))
+            set_tower_ops(net, own_ops)
+            times["encoder"].append(encoder(own_ops))
+            times["baseline encoder"].append(encoder(reference_ops))
+            times["attention"].append(attention(own_ops))
+            times["baseline attention"].append(attention(reference_ops))
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"\nmedian of {args.repeats} (seconds, max_tokens=1, one request at a time, prefix caching off)")
+    print(f"\nmedian of {args.repeats} (seconds, max_tokens=1, one request at a time, prefix caching off); {load()}")
     for name, value in med.items():
-        print(f"  {name:<11} {value * 1000:9.1f} ms   (all: {', '.join(f'{t * 1000:.0f}' for t in times[name])})")
+        print(f"  {name:<16} {value * 1000:9.1f} ms   (all: {', '.join(f'{t * 1000:.0f}' for t in times[name])})")
+    if args.baseline:
+        print(f"\nimage miss, tower on {backend}'s ops vs the reference's: {med['baseline miss'] / med['image miss']:.2f}x "
+              f"faster; encoder alone {med['baseline encoder'] / med['encoder']:.2f}x; one block's attention op "
+              f"{med['baseline attention'] / med['attention']:.2f}x")
     print(f"\nTTFT image (encoder miss) / text alone: {med['image miss'] / med['text']:.2f}x")
     print(f"TTFT image (encoder hit)  / text alone: {med['image hit'] / med['text']:.2f}x")
     print(f"encoder cache: miss / hit TTFT {med['image miss'] / med['image hit']:.2f}x "
           f"(the encoder's share of a miss: {(med['image miss'] - med['image hit']) / med['image miss']:.0%})")
     print(f"image processor alone: {med['processor'] * 1000:.1f} ms "
           f"({med['processor'] / med['image miss']:.0%} of a miss)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="bench-vl", choices=["bench-vl", "tiny-vl"])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--backend", nargs="+", default=["cpu"], help="backends to measure, one after the other")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also time misses and the encoder with the tower on the CPU reference's ops")
+    args = ap.parse_args()
+    for backend in args.backend:
+        run(backend, args)
+        gc.collect()
 
 
 if __name__ == "__main__":

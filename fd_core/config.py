@@ -93,6 +93,18 @@ class EngineArgs:
     # structured output: the grammar engine (auto = llguidance; off refuses constrained requests)
     guided_decoding_backend: str = "auto"
     guided_decoding_disable_any_whitespace: bool = False  # JSON constraints allow no free whitespace
+    # prefill/decode disaggregation (fd_core.disagg): mixed, prefill or decode; a prefill instance
+    # serves KV-transfer tasks on 127.0.0.1:engine_worker_queue_port (and *:pd_comm_port), a decode
+    # instance sends them to innode_prefill_ports ("8182,host:8182"); cache_transfer_protocol: tcp
+    # or a protocol a backend brings
+    splitwise_role: str = "mixed"
+    innode_prefill_ports: str | list[Any] | None = None
+    engine_worker_queue_port: str | int | list[Any] | None = None
+    pd_comm_port: str | int | list[Any] | None = None
+    cache_transfer_protocol: str | None = None
+    # (core, args) -> what the engine drives in the core's place; set by fd_core.entrypoints for
+    # --splitwise-role prefill/decode (fd_core.disagg.engine.disaggregate), None: the core itself
+    core_wrapper: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -197,15 +209,15 @@ class EngineArgs:
         self._check_speculative_config()
 
     def _check_speculative_config(self) -> None:
-        """--speculative-config parses (keys and values named when wrong); the
-        n-gram and suffix methods run, MTP is refused until its drafter exists."""
+        """--speculative-config parses (keys and values named when wrong); MTP
+        drafts on one device (the engine checks the model and its MTP weights)."""
         from fd_core.spec_decode.config import parse_speculative_config
 
         spec = parse_speculative_config(self.speculative_config)
-        if spec is not None and spec.method == "mtp":
+        if spec is not None and spec.method == "mtp" and self.tensor_parallel_size > 1:
             raise UnsupportedFeatureError(
-                "--speculative-config method 'mtp': the ERNIE MTP drafter is not implemented yet (issue 20); "
-                "use method 'ngram' or 'suffix'"
+                f"--speculative-config method 'mtp' with --tensor-parallel-size {self.tensor_parallel_size}: "
+                "the MTP drafter runs on one device; use --tensor-parallel-size 1 or method 'ngram' / 'suffix'"
             )
 
     def _check_logits_processor_modules(self) -> None:

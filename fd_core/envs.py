@@ -130,6 +130,8 @@ VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
                                  "meet before the engine fails naming the missing rank; default 120"),
     "FD_MASTER_PORT": (_int(8190, 1), "--ips: the TCP port of the first host's rendezvous (the next port "
                        "carries the step messages to the other hosts); default 8190"),
+    "FD_PD_TRANSFER_TIMEOUT": (_float(60.0), "seconds a decode instance waits for a prefill instance's KV "
+                               "before the request fails naming it (--splitwise-role decode); default 60"),
     "FD_NODE_RANK": (_int(None, 0), "--ips: this host's position in the list; default: found from this "
                      "host's addresses"),
     # the raw text: the CLI splits it on commas (each key works, like --api-key repeated)

@@ -100,7 +100,6 @@ V0_SCHEDULER = ("a knob of FastDeploy's v0 block scheduler; fd-core's token-budg
 SPLITWISE_ONLY = "only used with --splitwise-role prefill/decode (disaggregation, issue 18)"
 SPLITWISE_SCHEDULER = ("only used by --scheduler-name splitwise (prefill/decode disaggregation, issue 18 "
                        "item 2); --scheduler-name global does not need it")
-MM = "multimodal input (ERNIE-4.5-VL)"
 PAR = "parallelism beyond one device"
 
 # Flags fd-core implements are declared with their argparse details in
@@ -114,7 +113,8 @@ _IMPLEMENTED_ENGINE = [
     "--max-long-partial-prefills", "--long-prefill-token-threshold", "--max-logprobs",
     "--speculative-config", "--use-cudagraph", "--guided-decoding-backend",
     "--guided-decoding-disable-any-whitespace", "--enable-expert-parallel", "--data-parallel-size",
-    "--ips",
+    "--ips", "--splitwise-role", "--innode-prefill-ports", "--engine-worker-queue-port", "--pd-comm-port",
+    "--cache-transfer-protocol",
 ]
 _IMPLEMENTED_SERVER = [
     "--port", "--host", "--workers", "--metrics-port", "--max-waiting-time", "--max-concurrency",
@@ -126,17 +126,15 @@ _IMPLEMENTED_SERVER = [
     "--scheduler-name", "--scheduler-host", "--scheduler-port", "--scheduler-db", "--scheduler-password",
     "--scheduler-topic", "--scheduler-ttl", "--scheduler-min-load-score", "--scheduler-load-shards-num",
     "--scheduler-expire-period",
+    "--router",  # register with fd-router (fd_core.router.announce)
 ]
 
 FLAGS: list[Flag] = [
     *(Flag(name, "engine") for name in _IMPLEMENTED_ENGINE),
     *(Flag(name, "server") for name in _IMPLEMENTED_SERVER),
     # -- accepted, no effect here -------------------------------------------------
-    _nf("--engine-worker-queue-port", PORTS),
     _nf("--cache-queue-port", PORTS),
-    _nf("--pd-comm-port", PORTS),
     _nf("--rdma-comm-ports", SPLITWISE_ONLY),
-    _nf("--cache-transfer-protocol", SPLITWISE_ONLY),
     _nf("--kv-cache-ratio", V0_SCHEDULER + " (prefill and decode share one KV pool)", type=float),
     _nf("--prealloc-dec-block-slot-num-threshold", V0_SCHEDULER, type=int),
     _nf("--static-decode-blocks", V0_SCHEDULER, type=int),
@@ -165,14 +163,14 @@ FLAGS: list[Flag] = [
     _ny("--enable-eplb", "expert-parallel load balancing", 17, type=BOOL),
     _ny("--eplb-config", "expert-parallel load balancing", 17, type=parse_json_or_str),
     _ny("--use-internode-ll-two-stage", "expert parallelism across nodes", 17, type=BOOL),
-    _ny("--splitwise-role", "prefill/decode disaggregation", 18, neutral=(None, "mixed")),
-    _ny("--innode-prefill-ports", "prefill/decode disaggregation", 18),
-    _ny("--router", "the router in front of several instances", 18),
     _ny("--kvcache-storage-backend", "a KV-cache storage backend", 18),
-    _ny("--max-encoder-cache", MM, 21, neutral=(None, -1), type=int),
-    _ny("--max-processor-cache", MM, 21, neutral=(None, -1, -1.0), type=float),
-    _ny("--disable-chunked-mm-input", MM, 21, type=BOOL),
-    _ny("--enable-mm-output", MM, 21, type=BOOL),
+    _ny("--max-encoder-cache", "sizing the vision encoder cache by flag (it holds 65536 image tokens, least "
+        "recently used out first)", 21, neutral=(None, -1), type=int),
+    _ny("--max-processor-cache", "a cache of processed images in the API process", 21,
+        neutral=(None, -1, -1.0), type=float),
+    _ny("--disable-chunked-mm-input", "keeping an image's tokens in one prefill chunk (chunks may cut an image "
+        "and stay exact)", 21, type=BOOL),
+    _un("--enable-mm-output", "multimodal output (generated images) is not supported", type=BOOL),
     _ny("--graph-optimization-config", "graph capture (CUDA graphs)", 16, type=parse_json_or_str),
     # -- FastDeploy features fd-core does not offer ----------------------------------
     _un("--model-config-name", "fd-core reads the model's config.json; rename the file instead",

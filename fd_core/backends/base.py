@@ -66,6 +66,7 @@ class Ops:
         self._fd_write_kv_cache = resolve(hooks.fd_write_kv_cache)
         self._fd_prefill_attention = resolve(hooks.fd_prefill_attention)
         self._fd_decode_attention = resolve(hooks.fd_decode_attention)
+        self._fd_vision_attention = resolve(hooks.fd_vision_attention)
         self._fd_moe_select_experts = resolve(hooks.fd_moe_select_experts)
         self._fd_moe_experts = resolve(hooks.fd_moe_experts)
         self._fd_moe_layer_experts = resolve(hooks.fd_moe_layer_experts)
@@ -153,9 +154,9 @@ class Ops:
         self, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
         k_caches: list[KVPool], v_caches: list[KVPool],
     ) -> tuple[Tensor, Tensor]:
-        """A run of dense decoder layers -> ``(hidden, residual)``: the
-        backend's fused kernel when it answers, else the unfused hooks layer
-        by layer (see the hookspec)."""
+        """A run of dense decoder layers (the last may be attention only)
+        -> ``(hidden, residual)``: the backend's fused kernel when it answers,
+        else the unfused hooks layer by layer (see the hookspec)."""
         if self._fuses_layers:
             fused = self._fd_decoder_layers(
                 layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
@@ -214,6 +215,18 @@ class Ops:
             "decode_attention",
             self._fd_decode_attention(
                 q=q, k_cache=k_cache, v_cache=v_cache, metadata=metadata, scale=scale
+            ),
+        )
+
+    def vision_attention(
+        self, qkv: Tensor, cos: Tensor, sin: Tensor, cu_seqlens: list[int], num_heads: int, scale: float
+    ) -> Tensor:
+        """A vision tower's attention within each frame, 2D rotary applied:
+        ``qkv [N, 3*H*Dh]`` -> ``[N, H*Dh]`` (see the hookspec)."""
+        return self._answer(
+            "vision_attention",
+            self._fd_vision_attention(
+                qkv=qkv, cos=cos, sin=sin, cu_seqlens=cu_seqlens, num_heads=num_heads, scale=scale
             ),
         )
 

@@ -107,7 +107,9 @@ def fd_device_memory(device_id: int) -> MemoryInfo:
 def fd_device_capabilities() -> Capabilities:
     # The reference numerics of every built-in method (fd_core.quantization) and
     # KV-cache dtype (fd_core.ops.kv_dtype).
-    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8", "block_wise_fp8", "w4a8"),
+    # wint2 and w4a8_static come only from offline-quantized checkpoints (fd_core.quantization.offline).
+    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8", "block_wise_fp8", "w4a8", "wint2",
+                                              "w4a8_static"),
                         kv_cache_dtypes=("float32", "bfloat16", "float16", "int8", "fp8"))
 
 
@@ -181,6 +183,15 @@ def fd_write_kv_cache(k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, sl
     from fd_core.ops.attention import reference_write_kv_cache
 
     return reference_write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+
+
+@impl
+def fd_vision_attention(
+    qkv: Tensor, cos: Tensor, sin: Tensor, cu_seqlens: list[int], num_heads: int, scale: float
+) -> Tensor:
+    from fd_core.ops.vision_attention import reference_vision_attention
+
+    return reference_vision_attention(qkv, cos, sin, cu_seqlens, num_heads, scale)
 
 
 @impl

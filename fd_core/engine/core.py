@@ -33,9 +33,9 @@ from fd_core.models.config import load_config
 from fd_core.parallel.driver import make_runner
 from fd_core.quantization.config import (
     check_backend_supports,
-    parse_quantization,
     resolve_kv_cache_dtype,
 )
+from fd_core.quantization.offline import checkpoint_quantization
 from fd_core.sampling.early_stop import EarlyStopConfig
 from fd_core.sampling.logits_processors import (
     LogitsProcessorContext,
@@ -102,24 +102,29 @@ class EngineCore:
             )
         self.model_config = model_config
         self.thinking = thinking_tokens(args.tokenizer or self.model_dir)
-        self.quantization = parse_quantization(args.quantization, model_config.architecture,
-                                               lm_head_fp32=args.lm_head_fp32)
+        # an offline-quantized checkpoint brings its own (fd_core.quantization.offline)
+        self.quantization = checkpoint_quantization(self.model_dir, args.quantization, model_config.architecture,
+                                                    lm_head_fp32=args.lm_head_fp32)
+        kv_spec = self.quantization if getattr(self.quantization, "offline", None) else args.quantization
         if self.quantization is not None:
             check_backend_supports(self.backend.name, self.backend.capabilities().quantization_methods,
                                    self.quantization, model_config.is_moe)
         kv_dtypes = self.backend.capabilities().kv_cache_dtypes
         # an explicit KV dtype the backend lacks fails before the model loads
-        resolve_kv_cache_dtype(args.kv_cache_dtype, args.quantization, self.backend.name, kv_dtypes)
+        resolve_kv_cache_dtype(args.kv_cache_dtype, kv_spec, self.backend.name, kv_dtypes)
         self.backend.set_device(0)
         # load the weights first, then size the KV cache from the memory they left
         self.runner = make_runner(  # a ModelRunner, or rank 0 of --tensor-parallel-size ranks
             ModelRunner, self.model_dir, self.backend, args.tensor_parallel_size,
             enable_expert_parallel=args.enable_expert_parallel, ips=args.ips, block_size=args.block_size,
             max_model_len=args.max_model_len, quantization=self.quantization, dtype=args.dtype,
+            lm_head_fp32=args.lm_head_fp32,
         )
-        kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, args.quantization, self.backend.name, kv_dtypes,
+        kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, kv_spec, self.backend.name, kv_dtypes,
                                           self.runner.dtype)
         per_block = self.runner.kv_bytes_per_block(model_config, args.block_size, kv_dtype)  # per rank
+        if getattr(parse_speculative_config(args.speculative_config), "method", None) == "mtp":
+            per_block += per_block // model_config.num_layers  # the MTP block's KV layer (index L)
         memory = self.backend.memory(0)  # what the loaded weights left
         # on an accelerator the warm-up is the largest step the scheduler can issue, on a one-block
         # pool; its peak (activations, logits, attention workspaces) stays free beside the pool sized
@@ -156,7 +161,8 @@ class EngineCore:
                                logits_processors=processors, early_stop=early_stop)
         spec_config = parse_speculative_config(args.speculative_config)
         self.spec = None if spec_config is None else SpeculativeDecoder(
-            spec_config, model_config.vocab_size, args.max_model_len, early_stop=early_stop is not None)
+            spec_config, model_config.vocab_size, args.max_model_len, early_stop=early_stop is not None,
+            runner=self.runner, model_dir=self.model_dir)
         self.structured = structured_outputs(args, args.tokenizer or self.model_dir, model_config.vocab_size,
                                              model_config.eos_token_ids, self.thinking)
         self._num_unseeded = 0  # unseeded requests so far: k of default_seed(args.seed, k)
@@ -322,7 +328,7 @@ class EngineCore:
         spec_step: dict[str, tuple[int, int]] = {}  # request id -> (drafted, accepted) this step
         if self.spec is not None:
             spec_step = self.spec.last_step if verified else {}
-            self.spec.after_update(updates, self.scheduler)
+            self.spec.after_update(updates, self.scheduler, scheduled)
         now = time.time()
         outputs = self._pending
         self._pending = []

@@ -68,6 +68,8 @@ def run_engine_process(args: EngineArgs, address: str, ready: Any) -> None:
     try:
         _setup_logging()
         core = EngineCore(args)
+        if args.core_wrapper is not None:  # --splitwise-role prefill/decode: fd_core.disagg
+            core = args.core_wrapper(core, args)
         info = engine_info_of(core)
     except BaseException:
         ready.send(("error", traceback.format_exc()))
@@ -111,6 +113,9 @@ class _EngineLoop:
     def run(self, parent: int) -> None:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        wakeup = getattr(self.core, "wakeup_fd", None)  # fd_core.disagg: a KV-transfer task or reply landed
+        if wakeup is not None:
+            poller.register(wakeup, zmq.POLLIN)
         while os.getppid() == parent:  # the server is gone (even SIGKILLed): so is its engine
             busy = self.core.has_unfinished_requests()
             events = dict(poller.poll(0 if busy else IDLE_POLL_MS))

@@ -6,13 +6,19 @@ both turn a user request into the same ``EngineCoreRequest``s.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 from fd_core.engine.output_processor import OutputProcessor
 from fd_core.engine.request import EngineCoreRequest
 from fd_core.sampling.params import MAX_BAD_WORDS_TOKENS, SamplingParams
 
-__all__ = ["Frontend", "encode_prompt", "tokenize_bad_words"]
+__all__ = ["PREFILL_ADDR", "Frontend", "encode_prompt", "tokenize_bad_words"]
+
+# --splitwise-role decode: the prefill instance the router chose for the request being served
+# (the HTTP header x-fd-prefill-addr, set per request by the API server); prepare() copies it
+# into each EngineCoreRequest.prefill_addr
+PREFILL_ADDR: ContextVar[str | None] = ContextVar("fd_prefill_addr", default=None)
 
 
 def encode_prompt(tokenizer: Any, prompt: str | list[int] | dict[str, Any]) -> tuple[str | None, list[int]]:
@@ -88,6 +94,7 @@ class Frontend:
                 child_id, token_ids,
                 params.replace(n=1, seed=None if params.seed is None else params.seed + i),
                 self.eos_token_ids, bad_words, arrival_time, mm_inputs=mm_inputs,
+                prefill_addr=PREFILL_ADDR.get(),
             )
             for i, child_id in enumerate(child_ids)
         ]

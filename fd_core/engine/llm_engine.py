@@ -25,6 +25,8 @@ class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
         self.core = EngineCore(args)
+        if args.core_wrapper is not None:  # --splitwise-role prefill/decode: fd_core.disagg
+            self.core = args.core_wrapper(self.core, args)
         self.tokenizer = Tokenizer.from_pretrained(
             args.tokenizer or self.core.model_dir, chat_template=args.chat_template
         )

@@ -73,6 +73,7 @@ class ModelRunner:
         dtype: str = "auto",
         kv_cache_dtype: str = "float32",
         tensor_parallel: Any = None,
+        lm_head_fp32: bool = False,
     ) -> None:
         """Load the model. ``num_blocks``: allocate the KV cache now; None leaves it
         to ``allocate_kv_cache`` (the engine sizes it from the memory the weights
@@ -108,7 +109,7 @@ class ModelRunner:
         world = tensor_parallel.world if tensor_parallel is not None else 1
         self.num_kv_heads = local_kv_heads(self.config.num_kv_heads, world)  # KV heads in this rank's pools
         self.model = load_model(model_dir, self.ops, self.max_model_len, self.config, quantization, self.dtype,
-                                transform=tensor_parallel)
+                                transform=tensor_parallel, lm_head_fp32=lm_head_fp32)  # --lm_head-fp32
         # bytes the loaded weights hold (quantized: codes + scales), for benchmarks and logs
         self.weight_bytes: int = weight_bytes(self.model)
         self.encoder_cache = EncoderCache()  # image hash -> vision features (multimodal models)

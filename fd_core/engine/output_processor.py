@@ -173,6 +173,8 @@ class OutputProcessor:
                 m.num_generation_tokens += len(out.new_token_ids)
             m.num_draft_tokens += out.num_draft_tokens
             m.num_accepted_tokens += out.num_accepted_tokens
+            m.kv_transfer_bytes += out.kv_transfer_bytes
+            m.kv_transfer_seconds += out.kv_transfer_seconds
             if out.prompt_logprobs is not None:
                 parent.prompt_logprobs = out.prompt_logprobs
             parent.num_cached_tokens = max(parent.num_cached_tokens, out.num_cached_tokens)

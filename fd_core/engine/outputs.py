@@ -52,6 +52,11 @@ class EngineCoreOutput:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     events: dict[str, float] = field(default_factory=dict)  # "scheduled"/"first_token"/"finished" -> time
+    # prefill/decode disaggregation (fd_core.disagg), on the output with the first token: KV bytes
+    # received from the prefill instance for this request, and the transfer's seconds (task sent -> KV
+    # written, less the prefill side's queue and compute)
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
 
     @property
     def finished(self) -> bool:
@@ -71,6 +76,10 @@ class RequestMetrics:
     # speculative decoding: draft tokens verified for the request, and of them accepted
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # prefill/decode disaggregation: KV bytes received from the prefill instance, and the seconds the
+    # transfer cost (task sent -> KV written here, less the prefill side's queue and compute)
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: float = 0.0
 
     @property
     def draft_acceptance_rate(self) -> float | None:

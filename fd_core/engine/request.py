@@ -32,6 +32,9 @@ class EngineCoreRequest:
     arrival_time: float | None = None
     cache_salt: str | None = None
     mm_inputs: Any = None  # fd_core.multimodal.MultiModalInputs of a prompt with images
+    # --splitwise-role decode: the prefill instance ("host:port") to use, as the router chose it
+    # (HTTP header x-fd-prefill-addr); None: the decode instance chooses (fd_core.disagg.decode)
+    prefill_addr: str | None = None
 
 
 class SamplingLike(Protocol):

@@ -59,6 +59,7 @@ class Scheduler:
         self.running: list[Request] = []  # admission order
         self._finished_ids: list[str] = []  # since the last schedule()
         self._draft_token_ids: dict[str, list[int]] = {}  # request id -> drafts for the next step
+        self._held: set[str] = set()  # requests prefilled elsewhere (fd_core.disagg), in neither queue
         self.num_preemptions = 0
         self._last_step = SchedulerOutput()
         capacity = cache_config.num_usable_blocks * cache_config.block_size
@@ -126,6 +127,8 @@ class Scheduler:
                 continue
             if req.status == RequestStatus.RUNNING:
                 self.running.remove(req)
+            elif req_id in self._held:  # its prompt's KV is being computed elsewhere
+                self._held.discard(req_id)
             else:
                 self.waiting.remove(req)
             req.status = status
@@ -148,6 +151,48 @@ class Scheduler:
         """Abort a request (running or waiting); its blocks are freed at once."""
         finished = self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
         return finished[0] if finished else None
+
+    # -- prefilled elsewhere (prefill/decode disaggregation, fd_core.disagg) ----
+
+    def hold_request(self, request_id: str) -> Request:
+        """Take a just-added waiting request out of the queue while its prompt's KV
+        is computed by another instance; it stays unfinished (``finish_requests``
+        ends it; its blocks, allocated by the caller, are freed then).
+        ``admit_prefilled`` puts it into running. Called by fd_core.disagg.decode."""
+        req = self.requests[request_id]
+        self.waiting.remove(req)
+        self._held.add(request_id)
+        return req
+
+    def admit_prefilled(self, request_id: str, num_computed_tokens: int,
+                        token_ids: Sequence[int]) -> RequestUpdate:
+        """Run a held request whose blocks the caller allocated and filled
+        (``kv_cache_manager.allocate_slots``): ``num_computed_tokens`` of its KV
+        are in them, ``token_ids`` were sampled elsewhere (its first token).
+        Full blocks are registered in the prefix cache; a stop among the tokens
+        finishes (and frees) it here. Called by fd_core.disagg.decode."""
+        self._held.remove(request_id)
+        req = self.requests[request_id]
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens = num_computed_tokens
+        self.kv_cache_manager.cache_blocks(req, num_computed_tokens)
+        new_token_ids = []
+        for token_id in token_ids:
+            req.append_output_token_id(token_id)
+            new_token_ids.append(token_id)
+            if self._check_stop(req):
+                break
+        if req.is_finished:
+            self._free_finished(req)
+        else:
+            self.running.append(req)
+        return RequestUpdate(req, new_token_ids, req.is_finished)
+
+    @property
+    def last_output(self) -> SchedulerOutput:
+        """The last ``schedule()``'s output: a finished prefill's block table is
+        there, its blocks unchanged until the next step (fd_core.disagg.prefill)."""
+        return self._last_step
 
     # -- the step ------------------------------------------------------------
 

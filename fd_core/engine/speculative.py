@@ -39,7 +39,7 @@ from fd_core.ops._host import as_array, on_host
 from fd_core.sampling.logprobs import Logprobs, gather_logprobs
 from fd_core.sampling.sampler import NUM_UNIFORMS, SamplingState
 from fd_core.spec_decode.config import SpeculativeConfig
-from fd_core.spec_decode.proposer import make_proposer
+from fd_core.spec_decode.proposer import Proposer, make_proposer
 from fd_core.spec_decode.verify import verify, verify_greedy
 
 __all__ = ["SpecDecodeStats", "SpeculativeDecoder", "blocker", "step_input"]
@@ -129,9 +129,17 @@ class SpeculativeDecoder:
     """One proposer for the engine's requests, verification, and the counters."""
 
     def __init__(self, config: SpeculativeConfig, vocab_size: int, max_model_len: int,
-                 early_stop: bool = False) -> None:
+                 early_stop: bool = False, runner: Any = None, model_dir: Any = None) -> None:
+        """``runner`` / ``model_dir``: the model runner (after its KV pool exists) and
+        the target's checkpoint, for method ``mtp`` (``fd_core.spec_decode.mtp``)."""
         self.config = config
-        self.proposer = make_proposer(config)
+        self.proposer: Proposer
+        if config.method == "mtp":
+            from fd_core.spec_decode.mtp import MtpProposer
+
+            self.proposer = MtpProposer(config, runner, model_dir)
+        else:
+            self.proposer = make_proposer(config)
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.early_stop = early_stop
@@ -233,17 +241,32 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------ the next drafts
 
-    def after_update(self, updates: Sequence[RequestUpdate], scheduler: Any) -> None:
+    def after_update(self, updates: Sequence[RequestUpdate], scheduler: Any,
+                     scheduled: Sequence[ScheduledRequest] = ()) -> None:
         """Feed the step's emitted tokens to the proposer and hand the scheduler
-        each still-running speculating request's drafts for the next step."""
+        each still-running speculating request's drafts for the next step.
+        ``scheduled``: the step's requests (the MTP drafter runs over them)."""
+        wants = self._wants(updates)
+        mtp = getattr(self.proposer, "run", None)
+        if mtp is not None:
+            mtp(scheduled, scheduler, wants)
+        for update in updates:
+            rid = update.request.request_id
+            if rid in self._states and update.new_token_ids:
+                self.proposer.append(rid, update.new_token_ids)
+            if rid in wants:
+                scheduler.set_draft_token_ids(rid, self.proposer.propose(rid, wants[rid]))
+
+    def _wants(self, updates: Sequence[RequestUpdate]) -> dict[str, int]:
+        """Request id -> drafts to propose for its next step (k, less near
+        max_tokens / max_model_len), for the running speculating requests."""
         k = self.config.num_speculative_tokens
+        wants: dict[str, int] = {}
         for update in updates:
             req = update.request
             rid = req.request_id
             if rid not in self._states:
                 continue
-            if update.new_token_ids:
-                self.proposer.append(rid, update.new_token_ids)
             if update.finished or req.is_finished or req.num_output_tokens < req.min_tokens:
                 continue
             # a step emits at most drafts + 1 tokens: no drafts past max_tokens or max_model_len
@@ -251,4 +274,5 @@ class SpeculativeDecoder:
             if req.max_tokens is not None:
                 room = min(room, req.max_tokens - req.num_output_tokens - 1)
             if room > 0:
-                scheduler.set_draft_token_ids(rid, self.proposer.propose(rid, min(k, room)))
+                wants[rid] = min(k, room)
+        return wants

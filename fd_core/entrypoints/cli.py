@@ -74,6 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
       help="MoE models: partition the routed experts over the --tensor-parallel-size ranks")
     a("--ips", default=None,
       help="multi-node TP: the hosts, comma-separated, the first the master (FD_MASTER_PORT, FD_NODE_RANK)")
+    a("--splitwise-role", default="mixed", choices=["mixed", "prefill", "decode"],
+      help="prefill/decode disaggregation: prefill serves decode instances' prompts, decode takes the "
+           "clients' requests and has their prompts prefilled by --innode-prefill-ports (FD_PD_TRANSFER_TIMEOUT)")
+    a("--innode-prefill-ports", default=None,
+      help="decode: the prefill instances' --engine-worker-queue-port, comma-separated (host:port elsewhere)")
+    a("--engine-worker-queue-port", default=None,
+      help="prefill: the port on 127.0.0.1 its KV-transfer tasks arrive on (no effect otherwise)")
+    a("--pd-comm-port", default=None, help="prefill: also serve KV-transfer tasks on every interface at this port")
+    a("--cache-transfer-protocol", default=None,
+      help="KV transfer protocol: tcp (built in, the default) or one a backend brings (ipc, rdma)")
     a("--data-parallel-size", type=int, default=1,
       help="engine replicas behind this server; each request goes to the least-loaded one")
     a("--quantization", type=_json_or_str, default=None, help="wint8, wint4, ... or FastDeploy's JSON form")
@@ -141,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--disable-fastapi-docs", action="store_true",
       help="serve no /docs, /redoc, /openapi.json (with --api-key they need the key)")
     _add_scheduler_flags(a)
+    a("--router", default=None, help="fd-router to register this instance with (host:port or http://host:port); "
+      "it registers once listening and again every few seconds")
     for flag in FLAGS:
         if flag.kind in ("engine", "server"):
             continue
@@ -176,7 +188,8 @@ def _add_scheduler_flags(a: Any) -> None:
     a("--scheduler-load-shards-num", type=int, default=None,
       help="global: shards of the instance load table in Redis (default 1)")
     a("--scheduler-expire-period", type=int, default=None,
-      help="global: milliseconds without a heartbeat after which an instance is gone (default 3000)")
+      help="global: milliseconds without a heartbeat after which an instance is gone (default 3000; "
+           "milliseconds as FastDeploy's scheduler reads it, although its docs' table says seconds)")
 
 
 def _argparse_type(parse: Any) -> Any:
@@ -222,7 +235,7 @@ def engine_args_from(ns: argparse.Namespace) -> Any:
         from fd_core.parsers import ToolParserManager
 
         ToolParserManager.import_tool_parser(ns.tool_parser_plugin)
-    return EngineArgs.from_kwargs(
+    args = EngineArgs.from_kwargs(
         ns.model,
         tokenizer=ns.tokenizer,
         served_model_name=(ns.served_model_name or [None])[0],
@@ -244,6 +257,12 @@ def engine_args_from(ns: argparse.Namespace) -> Any:
         enable_expert_parallel=ns.enable_expert_parallel,
         data_parallel_size=ns.data_parallel_size,
         ips=ns.ips,
+        splitwise_role=ns.splitwise_role,
+        innode_prefill_ports=ns.innode_prefill_ports,
+        engine_worker_queue_port=ns.engine_worker_queue_port,
+        pd_comm_port=ns.pd_comm_port,
+        cache_transfer_protocol=ns.cache_transfer_protocol,
+        core_wrapper=_core_wrapper(ns.splitwise_role),
         quantization=ns.quantization,
         lm_head_fp32=ns.lm_head_fp32,
         use_cudagraph=ns.use_cudagraph,
@@ -259,6 +278,20 @@ def engine_args_from(ns: argparse.Namespace) -> Any:
         guided_decoding_backend=ns.guided_decoding_backend,
         guided_decoding_disable_any_whitespace=ns.guided_decoding_disable_any_whitespace,
     )
+    if args.core_wrapper is not None:  # --splitwise-role: its flags checked before any model loads
+        from fd_core.disagg import disagg_config_from
+
+        disagg_config_from(args)
+    return args
+
+
+def _core_wrapper(role: str | None) -> Any:
+    """fd_core.disagg's engine wrapper for --splitwise-role prefill/decode, else None."""
+    if role in (None, "mixed"):
+        return None
+    from fd_core.disagg.engine import disaggregate
+
+    return disaggregate
 
 
 def server_kwargs_from(ns: argparse.Namespace) -> dict[str, Any]:

@@ -76,6 +76,10 @@ class LLM:
             ToolParserManager.import_tool_parser(tool_parser_plugin)
         self.reasoning_parser = resolve_parser("reasoning", reasoning_parser)
         self.tool_parser = resolve_parser("tool-call", tool_call_parser)
+        if engine_args.get("splitwise_role") in ("prefill", "decode"):  # fd_core.disagg
+            from fd_core.disagg.engine import disaggregate
+
+            engine_args.setdefault("core_wrapper", disaggregate)
         self.engine = LLMEngine.from_kwargs(model, **engine_args)
         self._ids = itertools.count()
         self._mm: MultiModalPrompts | None = None  # built on the first prompt with images
@@ -179,7 +183,7 @@ class LLM:
                 token_ids = self.tokenizer.encode(text)
             except ValueError as exc:  # a lone surrogate in a message
                 raise ValueError(f"conversation {i} (of {len(conversations)}): {exc}") from None
-            prompts.append({"prompt": text, "prompt_token_ids": token_ids, "multi_modal_data": {"image": images}}
+            prompts.append({"prompt": text, "prompt_token_ids": token_ids, "multi_modal_data": images}
                            if images else {"prompt": text, "prompt_token_ids": token_ids})
         ids = self._add_all(prompts, params, "conversation")
         parsing = ChatParsing(self.reasoning_parser, self.tool_parser, self.tokenizer, tool_list)
@@ -235,7 +239,8 @@ class LLM:
                                  "image content parts); send text only or use a multimodal model such as "
                                  "ERNIE-4.5-VL")
             self._mm = MultiModalPrompts(self.engine.core.model_dir, config, self._mm_options.limits["image"],
-                                         self._mm_options.processor_overrides)
+                                         self._mm_options.processor_overrides, self._mm_options.limits["video"],
+                                         self._mm_options.video)
         return self._mm
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

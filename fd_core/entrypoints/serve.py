@@ -57,6 +57,10 @@ def run_server(ns: argparse.Namespace) -> int:
         from fd_core.cluster import scheduler_config_from
 
         scheduler = scheduler_config_from(ns)  # --scheduler-name global: fd_core.cluster
+        if getattr(ns, "router", None):  # a bad --router stops here, naming it
+            from fd_core.router.announce import router_url
+
+            ns.router = router_url(ns.router)
         _check_server_args(server_kwargs)
         _check_parsers(ns)
         _check_backend(ns.backend)
@@ -248,10 +252,13 @@ def build_apps(client: Any, ns: argparse.Namespace, engine_args: Any, server_kwa
                drain: Any, worker: int | None = None) -> list[Any]:
     """The main app (and the --metrics-port app), with the lifecycle middleware;
     raises ValueError for a bad server argument."""
+    from fd_core.disagg.config import advertised_address
     from fd_core.entrypoints.lifecycle import LifecycleMiddleware
     from fd_core.entrypoints.openai.api_server import ServerArgs, build_app, build_metrics_app
 
     app = build_app(client, ServerArgs(**server_kwargs))
+    app.state.fd.splitwise_role = (getattr(engine_args, "splitwise_role", None) or "mixed").strip().lower()
+    app.state.fd.pd_addr = advertised_address(engine_args, ns.host)
     try:
         from fd_core.entrypoints.openai.config_info import config_info
     except ImportError:  # pragma: no cover - older tree without /config-info
@@ -283,4 +290,19 @@ async def _serve_one(client: Any, ns: argparse.Namespace, engine_args: Any, serv
         return _fail(str(exc), 2)
     logger.info("serving %s on http://%s:%d (backend %s)", server_kwargs["served_model_names"],
                 ns.host, ns.port, client.info.backend)
-    return await serve_http(client, list(zip(apps, sockets)), drain, graceful_timeout)
+    announcer = _announce(ns)
+    try:
+        return await serve_http(client, list(zip(apps, sockets)), drain, graceful_timeout)
+    finally:
+        if announcer is not None:
+            announcer.cancel()
+
+
+def _announce(ns: argparse.Namespace) -> asyncio.Task | None:
+    """fd-serve --router: register with fd-router and stay registered (fd_core.router.announce)."""
+    if not getattr(ns, "router", None):
+        return None
+    from fd_core.router.announce import announce_forever, instance_info
+
+    info = instance_info(ns.router, ns.host, ns.port, getattr(ns, "splitwise_role", None) or "mixed")
+    return asyncio.get_running_loop().create_task(announce_forever(ns.router, info))

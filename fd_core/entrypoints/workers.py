@@ -199,7 +199,10 @@ def _worker_main(index: int, ns: argparse.Namespace, engine_args: Any, server_kw
         from fd_core.metrics import multiprocess
 
         multiprocess.enable(metrics_dir)  # before build_apps makes this worker's Metrics
-        client = MPEngineClient(engine_args, endpoint=endpoint, process=view)
+        client: Any = MPEngineClient(engine_args, endpoint=endpoint, process=view)
+        from fd_core.cluster.instance import worker_client
+
+        client = worker_client(client, ns, index)  # --scheduler-name global: each worker is an instance
     except Exception:
         logger.exception("API worker %d could not start", index)
         sys.exit(1)
@@ -213,7 +216,7 @@ def _worker_main(index: int, ns: argparse.Namespace, engine_args: Any, server_kw
 async def _serve_worker(index: int, client: Any, ns: argparse.Namespace, engine_args: Any,
                         server_kwargs: dict[str, Any], sockets: list[socket.socket], graceful_timeout: float) -> int:
     from fd_core.entrypoints.lifecycle import Drain, serve_http
-    from fd_core.entrypoints.serve import build_apps
+    from fd_core.entrypoints.serve import _announce, build_apps
 
     drain = Drain()
     try:
@@ -222,4 +225,9 @@ async def _serve_worker(index: int, client: Any, ns: argparse.Namespace, engine_
         print(f"fd-serve: error: {exc}", file=sys.stderr, flush=True)
         await client.shutdown()
         return 2
-    return await serve_http(client, list(zip(apps, sockets)), drain, graceful_timeout, worker=True)
+    announcer = _announce(ns) if index == 0 else None  # fd-serve --router: one registration per instance
+    try:
+        return await serve_http(client, list(zip(apps, sockets)), drain, graceful_timeout, worker=True)
+    finally:
+        if announcer is not None:
+            announcer.cancel()

@@ -43,8 +43,11 @@ class Linear:
 def embed(table: Any, input_ids: Any) -> Any:
     """Rows ``input_ids [T]`` of ``table [V, D]`` as fp32 ``[T, D]``: with 16-bit
     weights the activations stay fp32 (paddle's CPU gather has no fp16 kernel;
-    its embedding has)."""
-    if table.dtype == paddle.float16:
+    its embedding has). A non-contiguous table is a tied LM head's ``[D, V]``
+    seen transposed (``tie_lm_head``): its columns are gathered."""
+    if not table.is_contiguous():
+        rows = paddle.index_select(table.t(), input_ids, axis=1).t().contiguous()
+    elif table.dtype == paddle.float16:
         rows = paddle.nn.functional.embedding(input_ids, table)
     else:
         rows = paddle.gather(table, input_ids)
@@ -54,7 +57,9 @@ def embed(table: Any, input_ids: Any) -> Any:
 def tie_lm_head(lm_head: Linear, embed_tokens: Param) -> None:
     """Fill an LM head tied to the embeddings ``[V, D]`` after loading: its own ``[D, V]``
     copy, or, when the head is to be quantized (a ``QuantizedParam`` not yet filled),
-    the table handed to its quantizer as it is (``[V, D]`` is already ``[out, in]``)."""
+    the table handed to its quantizer as it is (``[V, D]`` is already ``[out, in]``).
+    A float head is the one copy: the table becomes its transposed view (``embed``
+    gathers columns; fp16 keeps both, paddle's CPU index_select has no fp16 kernel)."""
     table = embed_tokens.data
     if lm_head.quant is None and hasattr(lm_head.weight, "method"):
         if table.dtype != paddle.float32:  # 16-bit table: the quantizer takes fp32 (numpy has no bf16)
@@ -62,6 +67,8 @@ def tie_lm_head(lm_head: Linear, embed_tokens: Param) -> None:
         lm_head.weight.set((as_array(table) if on_host(table) else table.numpy()).T)
     else:
         lm_head.weight.set(table.t().contiguous())
+        if table.dtype != paddle.float16 and len(table.shape) == 2:
+            embed_tokens.set(lm_head.weight.data.t())  # a view: the [V, D] table is freed
 
 
 class RMSNorm:

@@ -20,8 +20,9 @@ histograms summed over the workers, engine gauges (``multiprocess_mode=
 "mostrecent"``, refreshed by the answering worker) and engine totals once.
 
 Two FastDeploy counters stay 0 by construction: ``prefix_storage_cache_token_num``
-(no external KV storage tier) and ``send_cache_failed_num`` (no KV transfer
-between instances).
+(no external KV storage tier) and ``send_cache_failed_num`` (a failed KV
+transfer ends its request, abort with the error; a decode instance counts the
+bytes that arrive in ``kv_transfer_bytes`` and their time in ``kv_transfer_seconds``).
 """
 
 from __future__ import annotations
@@ -160,6 +161,10 @@ class Metrics:
         self.prefix_storage_cache_token_num = counter("prefix_storage_cache_token_num",
                                                       "Total number of cached tokens on external cache storage")
         self.send_cache_failed_num = counter("send_cache_failed_num", "Total number of failures of sending cache")
+        # prefill/decode disaggregation, on a --splitwise-role decode instance (fd_core.disagg)
+        self.kv_transfer_bytes = counter("kv_transfer_bytes", "Total KV cache bytes received from prefill instances")
+        self.kv_transfer_time = hist("kv_transfer_seconds", "Per request: KV transfer time (task sent to KV "
+                                     "written, less the prefill instance's queue and compute)", _TTFT_BUCKETS)
         # speculative decoding (FastDeploy's names; 0 with --speculative-config off)
         self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Total number of speculative draft tokens")
         self.spec_accepted_tokens = counter("spec_decode_num_accepted_tokens",
@@ -226,6 +231,9 @@ class Metrics:
         end = m.finished_time or m.last_token_time
         if m.ttft is not None:
             self.ttft.observe(m.ttft)
+        if m.kv_transfer_bytes:
+            self.kv_transfer_bytes.inc(m.kv_transfer_bytes)
+            self.kv_transfer_time.observe(m.kv_transfer_seconds)
         if m.time_in_queue is not None:
             self.queue_time.observe(m.time_in_queue)
         if end is not None:

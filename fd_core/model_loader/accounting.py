@@ -20,7 +20,15 @@ def resident_params(model: Any) -> list[Param]:
     params = list(model.parameters().values())
     if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
         params.append(model.lm_head.weight)
+        # a float tied head holds the table once: the embedding is its transposed view
+        table = getattr(model, "embed_tokens", None)
+        params = [p for p in params if id(p) != id(table) or not _is_view(p.data)]
     return params
+
+
+def _is_view(data: Any) -> bool:
+    """A paddle tensor that is a strided view (the tied table, see ``layers.basic.tie_lm_head``)."""
+    return data is not None and not isinstance(data, QuantizedWeight) and not data.is_contiguous()
 
 
 def weight_bytes_by_dtype(model: Any) -> dict[str, int]:

@@ -26,11 +26,14 @@ from fd_core.errors import UnsupportedFeatureError
 from fd_core.layers.param import cast_host
 from fd_core.model_loader.accounting import weight_bytes, weight_bytes_by_dtype
 from fd_core.model_loader.dtypes import WEIGHT_DTYPES
+from fd_core.model_loader.offline import prequantized_targets
 from fd_core.model_loader.safetensors_io import SafetensorsError, SafetensorsFile
 from fd_core.models import registry
 from fd_core.models.config import ModelConfig, load_config
 from fd_core.ops.linear import QuantizedWeight
 from fd_core.quantization.apply import quantize_model
+from fd_core.quantization.offline import checkpoint_quantization, read_offline
+from fd_core.quantization.prequantized import install_prequantized
 from fd_core.quantization.weights import resident_bytes
 
 __all__ = ["CheckpointError", "checkpoint_files", "load_model", "supported_weight_dtypes"]
@@ -86,6 +89,9 @@ def _place(target: Any, name: str, array: np.ndarray, src_dtype: str) -> None:
         )
     if target.source_index:  # a slice of the stored tensor (a tensor-parallel rank's part)
         array = array[target.source_index]
+    if getattr(target.param, "takes_raw", False):  # pre-quantized: stored codes and scales, uncast
+        target.param.fill_raw(array, src_dtype, target.index)
+        return
     dst = target.param.dtype
     value = cast_host(array, src_dtype, dst)
     if dst == "float16" and src_dtype != "float16" and not np.isfinite(value).all() \
@@ -110,6 +116,17 @@ def _use_dtype(model: Any, dtype: str) -> None:
     for param in model.parameters().values():
         if not param.pinned and getattr(param, "method", None) is None:
             param.dtype = dtype
+
+
+def _keep_lm_head_fp32(model: Any) -> None:
+    """``--lm_head-fp32``: the LM head's weight stays fp32 whatever ``--dtype``
+    (FastDeploy's ``ParallelLMHead`` dtype ``float32``). A head tied to the
+    embeddings is filled from the table after loading (``tie_lm_head``), in
+    the table's dtype; a quantized head (``lm_head_quant_type``) is refused
+    beside the flag earlier (``parse_quantization``)."""
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    if head is not None and getattr(head, "method", None) is None and hasattr(head, "pinned"):
+        head.dtype, head.pinned = "float32", True
 
 
 def _size(num_bytes: int) -> str:
@@ -140,16 +157,44 @@ def _log_quantized(model: Any, quantization: Any) -> None:
                     ", ".join(per_channel[:4]) + (", ..." if len(per_channel) > 4 else ""))
 
 
+def _offline_quantization(model_dir: Path, quantization: Any) -> Any:
+    """The checkpoint's own ``QuantizationConfig`` when ``config.json`` declares
+    an offline-quantized checkpoint (``fd_core.quantization.offline``), else
+    None. ``quantization`` given without that format is refused naming both."""
+    if quantization is not None and getattr(quantization, "offline", None) is not None:
+        return quantization
+    path = model_dir / "config.json"
+    offline = read_offline(json.loads(path.read_text())) if path.is_file() else None
+    if offline is None:
+        return None
+    if quantization is not None:
+        raise ValueError(f"--quantization {quantization.describe()} conflicts with the checkpoint in {model_dir}, "
+                         f"an {offline.describe()}; drop --quantization: the stored format is used as is")
+    return checkpoint_quantization(model_dir, None)
+
+
+def _check_offline(model: Any, config: ModelConfig, transform: Any) -> None:
+    if transform is not None:
+        raise UnsupportedFeatureError(
+            "an offline-quantized checkpoint with --tensor-parallel-size / expert parallelism above 1: "
+            "splitting stored codes and scales over ranks is not implemented; run it on one rank")
+    if not getattr(model, "quantizable", False):
+        raise UnsupportedFeatureError(f"offline-quantized checkpoint: {config.architecture} does not support "
+                                      "quantized weights")
+
+
 def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
                config: ModelConfig | None = None, quantization: Any = None, dtype: str = "float32",
-               transform: Any = None) -> Any:
+               transform: Any = None, lm_head_fp32: bool = False) -> Any:
     """Build the model named by ``model_dir/config.json`` and load its weights,
     quantized as ``quantization`` (a ``fd_core.quantization.QuantizationConfig``
     or None) says, the others stored in ``dtype`` (float32, float16 or
     bfloat16; ``fd_core.model_loader.dtypes`` resolves ``--dtype auto``).
     ``transform`` (e.g. ``fd_core.parallel.tensor_parallel.TensorParallel``)
     rewrites the built model before quantization (``apply(model)``) and its
-    checkpoint targets (``shard_targets(model, targets)``)."""
+    checkpoint targets (``shard_targets(model, targets)``). The LM head is
+    stored like the other float weights (``dtype``), as FastDeploy keeps it in
+    the model's dtype; ``lm_head_fp32`` (``--lm_head-fp32``) keeps it fp32."""
     if dtype not in WEIGHT_DTYPES:
         raise ValueError(f"weight dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {dtype!r}")
     start = time.perf_counter()
@@ -161,9 +206,14 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
             f"--dtype {dtype}: {config.architecture} takes weights in "
             f"{', '.join(supported_weight_dtypes(model_cls))} only; use --dtype float32 (or auto)")
     model = model_cls(config, ops, max_position)
+    offline = _offline_quantization(model_dir, quantization)
+    if offline is not None:
+        quantization = offline
+        _check_offline(model, config, transform)
+        install_prequantized(model, offline.offline)
     if transform is not None:
         transform.apply(model)
-    if quantization is not None:
+    if quantization is not None and offline is None:
         if not getattr(model, "quantizable", False):
             raise UnsupportedFeatureError(
                 f"--quantization {quantization.method}: {config.architecture} does not support "
@@ -172,6 +222,8 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
         quantization = quantization.for_architecture(config.architecture)
         quantize_model(model, quantization)
     _use_dtype(model, dtype)
+    if lm_head_fp32:
+        _keep_lm_head_fp32(model)
     files = checkpoint_files(model_dir)
     readers = []
     try:
@@ -183,6 +235,11 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
     targets = model.checkpoint_targets(naming)
     if transform is not None:
         targets = transform.shard_targets(model, targets)
+    if offline is not None:
+        if naming != "paddle":
+            raise CheckpointError(f"{model_dir}: an offline-quantized checkpoint in {naming} naming; fd-core "
+                                  "reads FastDeploy's Paddle-named ones (ernie.*)")
+        targets = prequantized_targets(model, targets, offline.offline, config.num_kv_heads * config.head_dim)
     seen: set[str] = set()
     unexpected: list[str] = []
     for reader in readers:
@@ -224,4 +281,8 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
                 time.perf_counter() - start, _describe_bytes(model))
     if quantization is not None:
         _log_quantized(model, quantization)
+    if offline is not None and offline.offline.static_kv_scales:
+        logger.info("%s: its static per-channel KV-cache scales are loaded (model.kv_cache_static_scales) but not "
+                    "applied: fd-core's %s KV cache scales each token and KV head on the fly",
+                    model_dir, offline.offline.kv_cache_dtype)
     return model

@@ -21,7 +21,7 @@ __all__ = ["FLOAT_NAMES", "SafetensorsFile", "SafetensorsError"]
 _DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-    "BOOL": np.bool_,
+    "BOOL": np.bool_, "F8_E4M3": np.uint8,  # e4m3 as its bit patterns (offline FP8 checkpoints)
 }
 FLOAT_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}  # safetensors -> paddle dtype
 

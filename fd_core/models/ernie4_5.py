@@ -48,18 +48,22 @@ class DecoderLayer:
         else:
             self.mlp = GatedMLP(ops, c.hidden_size, c.intermediate_size)
         self.ops = ops
-        self.fused = True  # a dense layer runs as Ops.decoder_layers (off: its blocks one by one)
+        # a dense layer runs as Ops.decoder_layers, a MoE layer as Ops.decoder_layers over its
+        # attention half then its MoE op (off: the blocks one by one, as tensor parallelism needs)
+        self.fused = True
 
     def weights(self) -> DecoderLayerWeights:
-        """A dense layer as ``fd_decoder_layers`` takes it (built per call: a
-        backend keys what it derives by the weights' content, not by this object)."""
+        """The layer as ``fd_decoder_layers`` takes it: a MoE layer attention
+        only (built per call: a backend keys what it derives by the weights'
+        content, not by this object)."""
         attn, mlp = self.self_attn, self.mlp
-        assert isinstance(mlp, GatedMLP)
+        up_gate = down = None
+        if isinstance(mlp, GatedMLP):
+            up_gate, down = mlp.up_gate_proj.weight.data, mlp.down_proj.weight.data
         return DecoderLayerWeights(
             self.input_layernorm.weight.data, self.post_attention_layernorm.weight.data, self.input_layernorm.eps,
-            attn.qkv_proj.weight.data, attn.o_proj.weight.data, mlp.up_gate_proj.weight.data,
-            mlp.down_proj.weight.data, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale,
-            attn.interleaved_rope,
+            attn.qkv_proj.weight.data, attn.o_proj.weight.data, up_gate, down, attn.num_heads, attn.num_kv_heads,
+            attn.head_dim, attn.scale, attn.interleaved_rope,
         )
 
     @property
@@ -68,9 +72,12 @@ class DecoderLayer:
 
     def __call__(self, h: Any, residual: Any | None, cos_sin: Any, meta: Any, cache: KVCache) -> tuple[Any, Any]:
         """``(hidden, residual)`` in and out (``residual`` None in the first
-        layer). The model runs its dense layers in runs (``Ops.decoder_layers``)."""
-        if self.is_dense and self.fused:
-            return self.ops.decoder_layers([self.weights()], h, residual, cos_sin, meta, [cache.k], [cache.v])
+        layer). The model runs its layers in runs (``_plan_runs``); this is one
+        layer alone: fused, one ``Ops.decoder_layers`` call (a MoE layer's
+        attention half, then its MoE op); unfused, block by block."""
+        if self.fused:
+            h, residual = self.ops.decoder_layers([self.weights()], h, residual, cos_sin, meta, [cache.k], [cache.v])
+            return (h if self.is_dense else self.mlp(h)), residual
         if residual is None:
             x, residual = self.input_layernorm(h), h
         else:
@@ -90,6 +97,10 @@ class Ernie4_5ForCausalLM:
     # method, the LM head its own method when set; a tied quantized head is built from the
     # embeddings in finish_loading
     quantizable = True
+    # speculative MTP (fd_core.spec_decode.mtp) sets it: forward keeps the final-normed
+    # hidden states of every position in ``last_hidden`` for the drafter
+    keep_hidden = False
+    last_hidden: Any = None
 
     def __init__(self, config: ModelConfig, ops: Ops, max_position: int | None = None) -> None:
         self.config = config
@@ -97,14 +108,7 @@ class Ernie4_5ForCausalLM:
         c = config
         self.embed_tokens = Param((c.vocab_size, c.hidden_size))
         self.layers = [DecoderLayer(ops, c, i) for i in range(c.num_layers)]
-        # consecutive dense layers run as one Ops.decoder_layers call (one
-        # fused op where the backend has it); each MoE layer on its own
-        self._runs: list[tuple[int, int]] = []
-        for i, layer in enumerate(self.layers):
-            if self._runs and layer.is_dense and self.layers[i - 1].is_dense:
-                self._runs[-1] = (self._runs[-1][0], i + 1)
-            else:
-                self._runs.append((i, i + 1))
+        self._runs = self._plan_runs()
         self.norm = RMSNorm(ops, c.hidden_size, c.rms_norm_eps)
         self.lm_head = Linear(ops, c.hidden_size, c.vocab_size)  # [D, V]
         self.max_position = max_position or c.max_position_embeddings
@@ -121,7 +125,22 @@ class Ernie4_5ForCausalLM:
         collective between the blocks, which the fused layer op has no room for)."""
         for layer in self.layers:
             layer.fused = False
-        self._runs = [(i, i + 1) for i in range(len(self.layers))]
+        self._runs = self._plan_runs()
+
+    def _plan_runs(self) -> list[tuple[int, int]]:
+        """``[start, end)`` layer spans, each one ``Ops.decoder_layers`` call
+        (one fused op where the backend has it): consecutive fused dense
+        layers, and the attention half of a fused MoE layer after them (its
+        MoE op follows the call); an unfused layer alone (its ``__call__``).
+        Call again after changing a layer's ``fused``."""
+        runs: list[tuple[int, int]] = []
+        for i, layer in enumerate(self.layers):
+            previous = self.layers[i - 1] if i else None
+            if runs and layer.fused and previous is not None and previous.fused and previous.is_dense:
+                runs[-1] = (runs[-1][0], i + 1)
+            else:
+                runs.append((i, i + 1))
+        return runs
 
     def embed_ids(self, input_ids: Any) -> Any:
         """``input_ids [T]`` -> ``[T, D]`` fp32 rows of the embedding table."""
@@ -140,7 +159,11 @@ class Ernie4_5ForCausalLM:
                 [self.layers[i].weights() for i in run], h, residual, self.cos_sin, meta,
                 [caches[i].k for i in run], [caches[i].v for i in run],
             )
+            if not self.layers[end - 1].is_dense:
+                h = self.layers[end - 1].mlp(h)  # the run ended with its attention half
         h, _ = self.norm(h, residual)
+        if self.keep_hidden:
+            self.last_hidden = h
         if logits_indices is not None and logits_indices.shape[0] == 0:
             return None
         if logits_indices is not None:

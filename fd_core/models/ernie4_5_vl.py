@@ -110,8 +110,8 @@ class Ernie4_5_VLForConditionalGeneration:
         self.lm_head = Linear(ops, c.hidden_size, c.vocab_size)
         vision = c.vision
         assert vision is not None  # checked above
-        self.vision = VisionTower(vision)
-        self.resampler = Resampler(vision, c.hidden_size, c.rms_norm_eps)
+        self.vision = VisionTower(vision, ops)
+        self.resampler = Resampler(vision, c.hidden_size, c.rms_norm_eps, ops)
         self.max_position = max_position or c.max_position_embeddings
         self.cos_sin = rope_cos_sin(c.head_dim, self.max_position, c.rope_theta)
         exponent = np.arange(0, c.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(c.head_dim)

@@ -11,19 +11,24 @@ duplicated) and projects into the language model: ``[N / m^2 / t_m, D]``.
 Called by ``fd_core.models.ernie4_5_vl.Ernie4_5_VLForConditionalGeneration.encode``
 once per image. Weights are pinned to fp32 (the tower is small beside the
 language model, and HF computes it in the checkpoint's dtype: fp32 in tests).
-Plain paddle ops: the bidirectional attention has no backend hook yet.
+Kernels go through the backend's ops: every linear (patch embedding, qkv,
+proj, fc1/fc2, the resampler's) through ``Ops.linear``, the rotary plus the
+attention within each frame through ``Ops.vision_attention``
+(``fd_vision_attention``); the LayerNorms and activations are paddle ops.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
 from fd_core.layers.param import Param
 from fd_core.models.ernie4_5_vl_config import VisionConfig
+from fd_core.ops.vision_attention import vision_rotary_cos_sin, vision_rotary_positions
+
+if TYPE_CHECKING:
+    from fd_core.backends.base import Ops
 
 __all__ = ["Resampler", "VisionTower", "vision_rotary_positions"]
 
@@ -32,16 +37,16 @@ F = paddle.nn.functional
 
 
 class _Linear:
-    """``x @ W + b`` with ``W [in, out]`` fp32 (Paddle's layout)."""
+    """``x @ W + b`` with ``W [in, out]`` fp32 (Paddle's layout), through ``Ops.linear``."""
 
-    def __init__(self, in_f: int, out_f: int, bias: bool = True) -> None:
+    def __init__(self, ops: Ops, in_f: int, out_f: int, bias: bool = True) -> None:
+        self.ops = ops
         self.in_f, self.out_f = in_f, out_f
         self.weight = Param((in_f, out_f), pinned=True)
         self.bias = Param((out_f,), pinned=True) if bias else None
 
     def __call__(self, x: Any) -> Any:
-        y = paddle.matmul(x, self.weight.data)
-        return y + self.bias.data if self.bias is not None else y
+        return self.ops.linear(x, self.weight.data, None if self.bias is None else self.bias.data)
 
 
 class _LayerNorm:
@@ -55,13 +60,14 @@ class _LayerNorm:
 
 
 class _Block:
-    def __init__(self, c: VisionConfig) -> None:
+    def __init__(self, ops: Ops, c: VisionConfig) -> None:
+        self.ops = ops
         self.norm1 = _LayerNorm(c.hidden_size, c.layer_norm_eps)
         self.norm2 = _LayerNorm(c.hidden_size, c.layer_norm_eps)
-        self.qkv = _Linear(c.hidden_size, 3 * c.hidden_size)
-        self.proj = _Linear(c.hidden_size, c.hidden_size)
-        self.fc1 = _Linear(c.hidden_size, c.intermediate_size)
-        self.fc2 = _Linear(c.intermediate_size, c.hidden_size)
+        self.qkv = _Linear(ops, c.hidden_size, 3 * c.hidden_size)
+        self.proj = _Linear(ops, c.hidden_size, c.hidden_size)
+        self.fc1 = _Linear(ops, c.hidden_size, c.intermediate_size)
+        self.fc2 = _Linear(ops, c.intermediate_size, c.hidden_size)
         self.num_heads = c.num_heads
         self.head_dim = c.head_dim
 
@@ -74,56 +80,26 @@ class _Block:
                 out[f"{p}{name}.bias"] = layer.bias
         return out
 
-    def attention(self, x: Any, cos: Any, sin: Any, seqlens: list[int]) -> Any:
-        # x: [N, Dv]; cos/sin: [N, 1, Dh/2]; attention within each frame of seqlens
-        n = x.shape[0]
-        qkv = self.qkv(x).reshape([n, 3, self.num_heads, self.head_dim])
-        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [N, H, Dh]
-        half = self.head_dim // 2
+    def attention(self, x: Any, cos: Any, sin: Any, cu_seqlens: list[int]) -> Any:
+        # x: [N, Dv]; cos/sin: [N, Dh/2]; attention within each frame (rows cu_seqlens[f]:cu_seqlens[f+1])
+        out = self.ops.vision_attention(self.qkv(x), cos, sin, cu_seqlens, self.num_heads, self.head_dim**-0.5)
+        return self.proj(out)  # out: [N, H*Dh]
 
-        def rotate(t: Any) -> Any:
-            t1, t2 = t[..., :half], t[..., half:]
-            return paddle.concat([t1 * cos - t2 * sin, t2 * cos + t1 * sin], axis=-1)
-
-        q, k = rotate(q), rotate(k)
-        outs, start = [], 0
-        for length in seqlens:
-            qs, ks, vs = (t[start : start + length].transpose([1, 0, 2]) for t in (q, k, v))  # [H, L, Dh]
-            scores = paddle.matmul(qs, ks, transpose_y=True) * (self.head_dim**-0.5)
-            probs = F.softmax(scores, axis=-1)
-            outs.append(paddle.matmul(probs, vs).transpose([1, 0, 2]))  # [L, H, Dh]
-            start += length
-        out = paddle.concat(outs, axis=0) if len(outs) > 1 else outs[0]
-        return self.proj(out.reshape([n, self.num_heads * self.head_dim]))
-
-    def __call__(self, x: Any, cos: Any, sin: Any, seqlens: list[int]) -> Any:
-        x = x + self.attention(self.norm1(x), cos, sin, seqlens)
+    def __call__(self, x: Any, cos: Any, sin: Any, cu_seqlens: list[int]) -> Any:
+        x = x + self.attention(self.norm1(x), cos, sin, cu_seqlens)
         h = self.fc1(self.norm2(x))
         h = h * F.sigmoid(1.702 * h)  # quick_gelu
         return x + self.fc2(h)
 
 
-def vision_rotary_positions(grid_thw: tuple[int, int, int], merge: int) -> np.ndarray:
-    """``[t*h*w, 2]`` (row, column) of each patch, in the merge-block order the
-    processor lays patches out in (every ``merge x merge`` block contiguous)."""
-    t, h, w = grid_thw
-    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-    shape = (h // merge, merge, w // merge, merge)
-    blocked = [a.reshape(shape).transpose(0, 2, 1, 3).reshape(-1) for a in (rows, cols)]
-    return np.tile(np.stack(blocked, axis=-1), (t, 1))
-
-
 class VisionTower:
     """Patches ``[N, C*P*P]`` of one image or video -> ``[N, Dv]``."""
 
-    def __init__(self, c: VisionConfig) -> None:
+    def __init__(self, c: VisionConfig, ops: Ops) -> None:
         self.config = c
-        self.patch_embed = _Linear(c.in_channels * c.patch_size**2, c.hidden_size, bias=False)
-        self.blocks = [_Block(c) for _ in range(c.depth)]
+        self.patch_embed = _Linear(ops, c.in_channels * c.patch_size**2, c.hidden_size, bias=False)
+        self.blocks = [_Block(ops, c) for _ in range(c.depth)]
         self.ln = _LayerNorm(c.hidden_size, c.layer_norm_eps)
-        quarter = c.head_dim // 2
-        exponent = np.arange(0, quarter, 2, dtype=np.int64).astype(np.float32) / np.float32(quarter)
-        self.inv_freq = (np.float32(1.0) / (np.float32(c.rope_theta) ** exponent)).astype(np.float32)
 
     def params(self, p: str) -> dict[str, Param]:
         out = {f"{p}patch_embed.proj.weight": self.patch_embed.weight,
@@ -133,24 +109,23 @@ class VisionTower:
         return out
 
     def __call__(self, pixel_values: Any, grid_thw: tuple[int, int, int]) -> Any:
+        c = self.config
         t, h, w = grid_thw
-        pos = vision_rotary_positions(grid_thw, self.config.spatial_merge_size).astype(np.float32)
-        freqs = pos[:, :, None] * self.inv_freq[None, None, :]  # [N, 2, Dh/4]
-        angles = freqs.reshape(freqs.shape[0], -1)  # [N, Dh/2] = [h angles | w angles]
-        cos = paddle.to_tensor(np.cos(angles)[:, None, :])
-        sin = paddle.to_tensor(np.sin(angles)[:, None, :])
+        cos_np, sin_np = vision_rotary_cos_sin(grid_thw, c.spatial_merge_size, c.head_dim, c.rope_theta)
+        cos, sin = paddle.to_tensor(cos_np), paddle.to_tensor(sin_np)  # [N, Dh/2]: [row angles | column angles]
+        cu_seqlens = [f * h * w for f in range(t + 1)]  # a frame per time step
         x = self.patch_embed(pixel_values.astype("float32"))
         for block in self.blocks:
-            x = block(x, cos, sin, [h * w] * t)
+            x = block(x, cos, sin, cu_seqlens)
         return self.ln(x)
 
 
 class _MergeMLP:
     """fc1 -> GELU (erf) -> fc2 -> LayerNorm."""
 
-    def __init__(self, in_dim: int, out_dim: int, eps: float) -> None:
-        self.fc1 = _Linear(in_dim, out_dim)
-        self.fc2 = _Linear(out_dim, out_dim)
+    def __init__(self, ops: Ops, in_dim: int, out_dim: int, eps: float) -> None:
+        self.fc1 = _Linear(ops, in_dim, out_dim)
+        self.fc2 = _Linear(ops, out_dim, out_dim)
         self.ln = _LayerNorm(out_dim, eps)
 
     def params(self, p: str) -> dict[str, Param]:
@@ -169,13 +144,13 @@ class _MergeMLP:
 class Resampler:
     """``[N, Dv]`` -> ``[N / m^2 / t_m, D]`` tokens for the language model."""
 
-    def __init__(self, c: VisionConfig, text_hidden: int, text_eps: float) -> None:
+    def __init__(self, c: VisionConfig, text_hidden: int, text_eps: float, ops: Ops) -> None:
         self.merge = c.spatial_merge_size
         self.temporal = c.temporal_merge_size
         spatial = c.hidden_size * self.merge**2
-        self.spatial_linear = _MergeMLP(spatial, spatial, c.layer_norm_eps)
-        self.temporal_linear = _MergeMLP(spatial * self.temporal, spatial, c.layer_norm_eps)
-        self.mlp = _Linear(spatial, text_hidden)
+        self.spatial_linear = _MergeMLP(ops, spatial, spatial, c.layer_norm_eps)
+        self.temporal_linear = _MergeMLP(ops, spatial * self.temporal, spatial, c.layer_norm_eps)
+        self.mlp = _Linear(ops, spatial, text_hidden)
         self.after_norm = Param((text_hidden,), pinned=True)
         self.eps = text_eps
 

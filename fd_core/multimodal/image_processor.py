@@ -19,7 +19,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -130,6 +130,7 @@ def load_image(image: Any, max_input_pixels: int = 8192 * 8192) -> Any:
 class ProcessedImage:
     """One image, ready for the vision tower."""
 
+    modality: ClassVar[str] = "image"
     pixel_values: np.ndarray  # [h*w, 3*P*P] fp32, merge blocks contiguous
     grid_thw: tuple[int, int, int]  # (1, h, w) in patches
     num_tokens: int  # language-model tokens: h*w / merge^2

@@ -22,9 +22,10 @@ DEFAULT_LIMITS = {"image": 100, "video": 100}  # the values of FastDeploy's ERNI
 # --mm-processor-kwargs key -> the ImageProcessorConfig field it sets (FastDeploy's and HF's names)
 _IMAGE_KEYS = {"image_min_pixels": "min_pixels", "image_max_pixels": "max_pixels",
                "min_pixels": "min_pixels", "max_pixels": "max_pixels"}
-# video sampling and sizing (FastDeploy's names); checked and kept for the video path
+# video sampling and sizing (FastDeploy's names) -> their type; VideoProcessorConfig.from_dir takes them
 _VIDEO_KEYS = {"video_fps": float, "fps": float, "video_min_frames": int, "video_max_frames": int,
-               "min_frames": int, "max_frames": int, "video_min_pixels": int, "video_max_pixels": int}
+               "min_frames": int, "max_frames": int, "video_min_pixels": int, "video_max_pixels": int,
+               "video_max_input_frames": int}
 
 
 def _as_dict(value: Any, flag: str) -> dict[str, Any]:
@@ -53,7 +54,7 @@ class MultiModalOptions:
 
     limits: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     processor_overrides: dict[str, int] = field(default_factory=dict)  # ImageProcessorConfig fields
-    video: dict[str, float] = field(default_factory=dict)  # video sampling keys as given
+    video: dict[str, float] = field(default_factory=dict)  # video sampling keys as given (VideoProcessor's)
     allowed_local_media_path: str | None = None  # file:// URLs and paths under it are read
     allowed_media_domains: tuple[str, ...] = ()  # http(s) URLs of these hosts are fetched; none: refused
 
@@ -82,6 +83,10 @@ class MultiModalOptions:
         if overrides.get("min_pixels", 0) > overrides.get("max_pixels", 1 << 62):
             raise ValueError(f"--mm-processor-kwargs: min pixels {overrides['min_pixels']} exceed max pixels "
                              f"{overrides['max_pixels']}")
+        for lo, hi in (("video_min_frames", "video_max_frames"), ("min_frames", "max_frames"),
+                       ("video_min_pixels", "video_max_pixels")):
+            if video.get(lo, 0) > video.get(hi, 1 << 62):
+                raise ValueError(f"--mm-processor-kwargs: {lo} {video[lo]} exceeds {hi} {video[hi]}")
         local = None
         if allowed_local_media_path:
             local = os.path.realpath(allowed_local_media_path)

@@ -12,11 +12,18 @@ backend's fused layer kernel by describing its layers, with no plugin change;
 a field a backend's kernel lacks (a bias, the q/k norms) makes that backend
 decline and the separate ops run.
 
+A layer whose MLP is something else (a MoE layer's routed experts) is
+described *attention only*: ``up_gate`` and ``down`` None. Such a layer
+ends a run (it is its last layer, or the whole run), and the run returns
+``(x, residual)`` where ``residual`` is the residual stream after the
+attention block's add (``o_proj out + residual in``) and ``x`` is that
+stream RMS-normed with ``post_norm``: the input the MLP takes. The model
+then continues with ``(mlp(x), residual)``, as after any layer.
+
 ``compose_decoder_layer`` runs it through the separate kernel hooks, and
 ``compose_decoder_layers`` a run of such layers: the numerics of the
 optional fused hook ``fd_decoder_layers``, and what ``Ops`` runs when no
-backend fuses the run. ``self_attention`` is its attention block, which
-the MoE layers use as well.
+backend fuses the run. ``self_attention`` is its attention block.
 
 The description carries no backend state. A backend that derives data from
 it keys that data by content (``DecoderLayerWeights.key``,
@@ -44,15 +51,17 @@ paddle = import_paddle()
 
 @dataclass(eq=False)
 class DecoderLayerWeights:
-    """One dense pre-norm decoder layer's weights and shape."""
+    """One pre-norm decoder layer's weights and shape: a dense layer, or
+    with ``up_gate`` and ``down`` None its attention half only (see the
+    module doc)."""
 
     input_norm: Any  # [D]
     post_norm: Any  # [D]
     eps: float
     qkv: Any  # [D, (H + 2 Hkv) Dh], columns [q | k | v]; or a QuantizedWeight
     o: Any  # [H Dh, D]
-    up_gate: Any  # [D, 2 I], columns [gate | up]
-    down: Any  # [I, D]
+    up_gate: Any  # [D, 2 I], columns [gate | up]; None: attention only (with down)
+    down: Any  # [I, D]; None: attention only (with up_gate)
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -71,6 +80,16 @@ class DecoderLayerWeights:
                 *(tensor_key(t) for t in (self.input_norm, self.post_norm, self.q_norm, self.k_norm,
                                           self.qkv_bias, self.o_bias)),
                 *(weight_key(w) for w in (self.qkv, self.o, self.up_gate, self.down)))
+
+    @property
+    def attention_only(self) -> bool:
+        """No MLP (``up_gate`` and ``down`` None): the run stops after the
+        post-attention norm. One of the two None is an error."""
+        if (self.up_gate is None) != (self.down is None):
+            raise ValueError("DecoderLayerWeights: up_gate and down must both be set (a dense layer) or both "
+                             f"None (attention only); got up_gate {'None' if self.up_gate is None else 'set'}, "
+                             f"down {'None' if self.down is None else 'set'}")
+        return self.up_gate is None
 
     @property
     def plain(self) -> bool:
@@ -137,7 +156,9 @@ def compose_decoder_layer(
     """``(hidden, residual)`` after the layer, from the unfused hooks. With
     ``residual`` None (the first layer) the residual stream starts at
     ``hidden``; the layer's own residual add is left to the next norm, so
-    the stream is ``hidden + residual`` when read."""
+    the stream is ``hidden + residual`` when read. An attention-only layer
+    returns ``(x, residual)``: the post-attention-normed stream and the
+    stream itself (see the module doc)."""
     if residual is None:
         x, residual = ops.rms_norm(hidden, layer.input_norm, layer.eps), hidden
     else:
@@ -146,6 +167,8 @@ def compose_decoder_layer(
                        layer.num_kv_heads, layer.scale, layer.interleaved_rope, q_norm=layer.q_norm,
                        k_norm=layer.k_norm, eps=layer.eps, qkv_bias=layer.qkv_bias, o_bias=layer.o_bias)
     x, residual = ops.rms_norm(h, layer.post_norm, layer.eps, residual)
+    if layer.attention_only:
+        return x, residual
     h = apply_linear(ops, ops.silu_and_mul(apply_linear(ops, x, layer.up_gate)), layer.down)
     return h, residual
 
@@ -154,10 +177,15 @@ def compose_decoder_layers(
     ops: Ops, layers: list[DecoderLayerWeights], hidden: Any, residual: Any | None, cos_sin: Any, metadata: Any,
     k_caches: list[Any], v_caches: list[Any],
 ) -> tuple[Any, Any]:
-    """``compose_decoder_layer`` over a run of layers, each with its caches."""
+    """``compose_decoder_layer`` over a run of layers, each with its caches
+    (an attention-only layer only last)."""
     if not (len(layers) == len(k_caches) == len(v_caches)) or not layers:
         raise ValueError(f"decoder_layers: {len(layers)} layers with {len(k_caches)} k and {len(v_caches)} v "
                          "caches; expected one of each per layer, at least one layer")
+    inner = [i for i, layer in enumerate(layers[:-1]) if layer.attention_only]
+    if inner:
+        raise ValueError(f"decoder_layers: layer {inner[0]} of a run of {len(layers)} is attention only (no "
+                         "up_gate / down); only a run's last layer may be")
     for layer, k_cache, v_cache in zip(layers, k_caches, v_caches):
         hidden, residual = compose_decoder_layer(ops, layer, hidden, residual, cos_sin, metadata, k_cache, v_cache)
     return hidden, residual

@@ -37,6 +37,7 @@ from fd_core.plugins.types import (
     Communicator,
     DeviceInfo,
     KVPool,
+    KVTransport,
     MemoryInfo,
     Tensor,
 )
@@ -182,6 +183,21 @@ def fd_copy_kv_blocks(
 
 
 @hookspec(firstresult=True)
+def fd_kv_transport(protocol: str) -> KVTransport | None:
+    """A transport for prefill/decode disaggregation's KV transfer, or None.
+
+    Called once at start by an instance started with ``--splitwise-role
+    prefill|decode``, for each name of ``--cache-transfer-protocol`` in order
+    (FastDeploy's ``ipc``, ``rdma``; a backend may answer ``nvlink`` ...) until
+    one is answered. Nothing answers ``tcp``: fd-core's built-in ZeroMQ
+    transport (``fd_core.disagg.transport``) serves it; a name nobody answers
+    is refused. The KV frames the transport carries are read from and written
+    to the pool with ``fd_allocate_kv_cache(location="host")`` and
+    ``fd_copy_kv_blocks``. Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
 def fd_write_kv_cache(
     k: Tensor, v: Tensor, k_cache: KVPool, v_cache: KVPool, slot_mapping: Tensor
 ) -> bool | None:
@@ -241,8 +257,11 @@ def fd_decoder_layers(
     It is built afresh each step and carries no backend state: a backend
     that derives data from it (repacked weights) keys that data by content
     (``DecoderLayerWeights.key()``, ``fd_core.ops.content_key``), never by
-    the object's identity. ``k_caches`` / ``v_caches`` the
-    layers' caches in the same order. ``hidden [T, D]`` and ``residual``
+    the object's identity. The last layer may be attention only (a MoE
+    layer's attention half: ``up_gate`` / ``down`` None); the run then
+    returns the post-attention-normed hidden state and the residual stream
+    (``fd_core.ops.decoder``), and a backend without that case declines.
+    ``k_caches`` / ``v_caches`` the layers' caches in the same order. ``hidden [T, D]`` and ``residual``
     (None before the model's first layer) are the residual stream as the
     model carries it. Must equal ``fd_core.ops.decoder.compose_decoder_layers``,
     which chains the unfused hooks layer by layer, and returns the same
@@ -287,6 +306,29 @@ def fd_decode_attention(
     first ``metadata.num_decodes`` requests, one token each), after the
     cache write. ``q [B, H, Dh]``; request ``b`` attends to its first
     ``metadata.seq_lens[b]`` cached positions. Returns ``[B, H, Dh]``.
+    """
+
+
+@hookspec(firstresult=True)
+def fd_vision_attention(
+    qkv: Tensor, cos: Tensor, sin: Tensor, cu_seqlens: list[int], num_heads: int, scale: float
+) -> Tensor | None:
+    """Bidirectional attention of a vision tower's patches within each frame,
+    after the 2D rotary (ERNIE-4.5-VL's ViT).
+
+    Called by each vision block (``fd_core.models.ernie4_5_vl_vision``) once
+    per image or video the encoder runs, with the block's fused projection
+    ``qkv [N, 3*H*Dh]`` (each row ``[q | k | v]``, ``H = num_heads`` heads of
+    ``Dh`` each; fp32, or a 16-bit tower's dtype). q and k are first rotated as halves by ``cos, sin
+    [N, Dh/2]`` (fp32, per patch): ``[x1*cos - x2*sin, x2*cos + x1*sin]`` for
+    ``x = [x1 | x2]``. ``cu_seqlens`` (host ints, ``F + 1`` values rising from 0
+    to N) delimits the frames: a patch attends to every patch of its own frame
+    and no other, ``softmax(q k^T * scale) v``, no causal mask. Returns
+    ``[N, H*Dh]`` in qkv's dtype, the heads side by side. The reference
+    (computing in fp32 whatever qkv's dtype) is
+    ``fd_core.ops.vision_attention.reference_vision_attention``; a backend
+    returns None for inputs it has no kernel for. Stops at the first non-None
+    result.
     """
 
 

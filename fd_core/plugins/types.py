@@ -17,7 +17,7 @@ implementations against the hookspecs with mypy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
@@ -32,6 +32,7 @@ __all__ = [
     "Communicator",
     "DeviceInfo",
     "KVPool",
+    "KVTransport",
     "MemoryInfo",
     "QuantizedPool",
     "Tensor",
@@ -60,6 +61,24 @@ class QuantizedPool(Protocol):
 # in the backend's own layout (the reference: ``[S, Hkv, Dh]`` fp32 / bf16 /
 # fp16) or a quantized pool. Only the backend's own kernels look inside.
 KVPool: TypeAlias = Tensor | QuantizedPool
+
+
+class KVTransport(Protocol):
+    """Moves prefill/decode disaggregation messages (lists of byte frames) between
+    instances (``fd_kv_transport``); ``fd_core.disagg.transport.TcpTransport`` is the
+    built-in one. The first frame of each message is a small header; the rest are
+    KV blocks, laid out as ``fd_core.disagg.wire`` says."""
+
+    name: str  # the --cache-transfer-protocol it answers, e.g. "rdma"
+
+    # prefill side: serve tasks at "host:port"; on_task(frames, reply) runs on the transport's
+    # thread, reply(frames) may be called later from any thread
+    def listen(self, address: str, on_task: Callable[[list[bytes], Callable[[list[bytes]], None]], None]) -> None: ...
+
+    # decode side: send one task, block for its reply; fd_core.disagg.wire.TransferError on timeout
+    def request(self, address: str, frames: list[bytes], timeout_s: float) -> list[bytes]: ...
+
+    def close(self) -> None: ...
 
 
 class Communicator(Protocol):

@@ -8,6 +8,9 @@ loader fills it (``param``) and the transform that makes a finished model's
 layers quantized (``apply``). The reference numerics of quantized layers live
 here too (``reference``; the CPU reference backend calls them): dequantize,
 then an fp32 matmul (w8a8 also quantizes activations per token).
+FastDeploy's offline-quantized checkpoints (FP8, W4A8C8, 2Bits) are detected
+from their config.json (``offline``) and loaded as stored
+(``prequantized``); their layouts and sources: ``OFFLINE_FORMATS.md``.
 May import: fd_core.ops, fd_core.layers, fd_core.errors, fd_core.plugins,
 fd_core._paddle, numpy, paddle (only in the modules that run kernels: importing this package
 or ``config``/``methods`` loads no paddle).
@@ -28,7 +31,9 @@ Layouts (``QuantizedWeight.qweight`` / ``.scales``; details in ``wint``):
 - block_wise_fp8 (``block_fp8``): uint8 e4m3 codes ``[out, in]``, float32
   block scales ``[ceil(out/128), ceil(in/128)]``; w4a8 (``w4a8``): wint4's
   layout; wint2 (``wint2``, offline checkpoints only): FastDeploy's
-  ``quant_weight`` uint8 ``[in/4, out]``, scales float32 ``[in/64 + 3, out]``.
+  ``quant_weight`` uint8 ``[in/4, out]``, scales float32 ``[in/64 + 3, out]``;
+  w4a8_static (offline W4A8C8 experts): wint4's codes per channel, scales
+  float32 ``[out, 2]`` (weight scale, the expert's static activation max).
 - MoE experts: the same, stacked on a leading expert axis
   (``[E, out, in]`` / ``[E, out]``, ...); ``fd_moe_experts`` receives
   ``quant = (up_gate, down)``, two such stacked ``QuantizedWeight``s.

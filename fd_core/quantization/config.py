@@ -79,9 +79,14 @@ class QuantizationConfig:
     lm_head_method: str | None = None
     # the KV cache's dtype from kv_cache_quant_type ("int8", "fp8"); None: not given
     kv_cache_dtype: str | None = None
+    # an offline-quantized checkpoint's stored format (fd_core.quantization.offline): the
+    # weights are read as stored, not quantized at load
+    offline: Any = None
 
     def methods(self, has_experts: bool = True) -> tuple[str, ...]:
         """The methods a model with (or without) routed experts uses."""
+        if self.offline is not None:
+            return self.offline.methods() if has_experts else (self.dense_method,)
         used = {self.dense_method, self.moe_method} if has_experts else {self.dense_method}
         if self.lm_head_method:
             used.add(self.lm_head_method)
@@ -98,6 +103,8 @@ class QuantizationConfig:
 
     def describe(self) -> str:
         """E.g. ``wint4 (dense wint8, experts wint4, group size 128, lm_head float)``."""
+        if self.offline is not None:
+            return self.offline.describe()
         parts = [] if self.dense_method == self.moe_method == self.method else (
             [self.dense_method] if self.dense_method == self.moe_method
             else [f"dense {self.dense_method}", f"experts {self.moe_method}"])
@@ -153,14 +160,17 @@ def _kv_cache_dtype(spec: dict[str, Any]) -> str | None:
     return KV_CACHE_QUANT_TYPES[name]
 
 
-def kv_cache_dtype_from_quantization(value: str | dict[str, Any] | None) -> str | None:
+def kv_cache_dtype_from_quantization(value: str | dict[str, Any] | QuantizationConfig | None) -> str | None:
     """The KV dtype FastDeploy's ``kv_cache_quant_type`` asks for ("int8" or
     "fp8"), or None when ``value`` does not set it."""
+    if isinstance(value, QuantizationConfig):  # an offline checkpoint's (fd_core.quantization.offline)
+        return value.kv_cache_dtype
     spec = _spec(value)
     return None if spec is None else _kv_cache_dtype(spec)
 
 
-def resolve_kv_cache_dtype(requested: str, quantization: str | dict[str, Any] | None, backend_name: str,
+def resolve_kv_cache_dtype(requested: str, quantization: str | dict[str, Any] | QuantizationConfig | None,
+                           backend_name: str,
                            declared: tuple[str, ...], model_dtype: str = "float32") -> str:
     """The KV pool's dtype: ``--kv-cache-dtype`` (``requested``) or, when that
     is auto, ``kv_cache_quant_type`` from ``--quantization``, else the model's
@@ -240,6 +250,12 @@ def check_backend_supports(backend_name: str, supported: tuple[str, ...], config
     """Raise ``UnsupportedFeatureError`` when the backend's kernels cannot run
     a method the model would use (``supported``: its capabilities' list)."""
     missing = [m for m in config.methods(has_experts) if m not in supported]
+    if missing and config.offline is not None:
+        listed = ", ".join(supported) if supported else "none"
+        raise UnsupportedFeatureError(
+            f"the checkpoint is an {config.describe()}: backend {backend_name!r} cannot run its stored "
+            f"{', '.join(missing)}; its quantization methods: {listed}. Run it with another --backend "
+            "(cpu runs every stored format)")
     if missing:
         listed = ", ".join(supported) if supported else "none"
         raise UnsupportedFeatureError(

@@ -70,8 +70,17 @@ _REFUSED = [
                 linear=_lazy("fd_core.quantization.wint2:wint2_linear"),
                 dequantize=_lazy("fd_core.quantization.wint2:dequantize_wint2"),
                 refused="wint2 (FastDeploy's 2-bit MoE experts) comes only from offline-quantized checkpoints "
-                        "(ERNIE 4.5 2Bits), whose loading is not implemented in fd-core yet (issue 22); "
-                        "a float checkpoint cannot be quantized to it: use wint4, w4a8 or block_wise_fp8"),
+                        "(ERNIE 4.5 2Bits), which fd-core loads as stored, detected from their config.json "
+                        "(no --quantization needed); quantizing a float checkpoint to it is not implemented "
+                        "(nor in FastDeploy): use wint4, w4a8 or block_wise_fp8"),
+    # FastDeploy's W4A8 experts as its offline W4A8C8 checkpoints store them: static per-expert
+    # activation scales (fd_core.quantization.w4a8); read from those checkpoints only
+    QuantMethod("w4a8_static", "int4 experts with static per-expert int8 activation scales (offline W4A8C8)",
+                linear=_lazy("fd_core.quantization.w4a8:w4a8_static_linear"),
+                dequantize=_lazy("fd_core.quantization.w4a8:dequantize_w4a8_static"),
+                refused="w4a8_static (int4 experts with the static activation scales of FastDeploy's offline "
+                        "W4A8C8 checkpoints) comes only from those checkpoints, loaded as stored without a flag; "
+                        "for a float checkpoint use w4a8 (per-token dynamic activation scales)"),
     QuantMethod("weight_only", "FastDeploy's generic weight-only config",
                 refused="weight_only with an 'algo' key is not supported; name the method: wint8 or wint4"),
     QuantMethod("kvcache", "KV-cache int8/fp8",

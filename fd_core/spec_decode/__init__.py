@@ -7,8 +7,10 @@ lookup) and suffix-decoding proposers (pure Python: no paddle, no numpy), and
 host, reusing the sampler's filters in ``fd_core.ops.sampling``).
 
 The engine side (scheduling drafts, scoring them, rollback, metrics) is
-``fd_core.engine.speculative`` (DESIGN_NOTES.md, section 3); the MTP drafter
-does not exist yet. How the engine core calls this package::
+``fd_core.engine.speculative`` (DESIGN_NOTES.md, sections 3 and 4); the MTP
+drafter (``fd_core.spec_decode.mtp``, over ``fd_core.models.ernie4_5_mtp``) runs
+the model's MTP block after each step and keeps the ``Proposer`` interface.
+How the engine core calls this package::
 
     config = parse_speculative_config(engine_config.speculative_config)
     proposer = make_proposer(config)            # ngram / suffix
@@ -20,9 +22,12 @@ does not exist yet. How the engine core calls this package::
     proposer.finish(req_id)                     # on finish / abort
 
 ``verify`` is imported from ``fd_core.spec_decode.verify`` (it loads paddle
-through ``fd_core.ops``); importing this package loads neither paddle nor numpy.
+through ``fd_core.ops``) and the MTP drafter from ``fd_core.spec_decode.mtp``;
+importing this package loads neither paddle nor numpy.
 
-May import: fd_core.ops (verify: the sampler's host filters), numpy.
+May import: fd_core.ops (verify: the sampler's host filters), fd_core.errors,
+fd_core.layers, fd_core.models, fd_core.model_loader, fd_core._paddle (the MTP
+drafter: the block, its loading, its KV layer), numpy.
 """
 
 from fd_core.spec_decode.config import METHODS, SpeculativeConfig, parse_speculative_config

@@ -126,29 +126,37 @@ def pytorch_tensor_specs(cfg: dict[str, Any], dtype: str = "bfloat16") -> list[T
         ):
             specs.append((f"{prefix}.{proj}.weight", shape, dtype))
 
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        specs += [
+    def layer(p: str, moe: bool) -> None:
+        specs.extend([
             (f"{p}.input_layernorm.weight", (h,), dtype),
             (f"{p}.post_attention_layernorm.weight", (h,), dtype),
             (f"{p}.self_attn.q_proj.weight", (q, h), dtype),
             (f"{p}.self_attn.k_proj.weight", (kv, h), dtype),
             (f"{p}.self_attn.v_proj.weight", (kv, h), dtype),
             (f"{p}.self_attn.o_proj.weight", (h, q), dtype),
-        ]
-        if _is_moe_layer(cfg, i):
+        ])
+        if moe:
             experts, inter = cfg["moe_num_experts"], cfg["moe_intermediate_size"]
-            specs += [
+            specs.extend([
                 (f"{p}.mlp.gate.weight", (experts, h), "float32"),  # router: fp32, as HF keeps it
                 (f"{p}.mlp.moe_statics.e_score_correction_bias", (1, experts), "float32"),
-            ]
+            ])
             for e in range(experts):
                 mlp(f"{p}.mlp.experts.{e}", inter)
             if cfg["moe_num_shared_experts"] > 0:
                 mlp(f"{p}.mlp.shared_experts", inter * cfg["moe_num_shared_experts"])
         else:
             mlp(f"{p}.mlp", cfg["intermediate_size"])
+
+    for i in range(cfg["num_hidden_layers"]):
+        layer(f"model.layers.{i}", _is_moe_layer(cfg, i))
     specs.append(("model.norm.weight", (h,), dtype))
+    # ERNIE's MTP block(s) (num_nextn_predict_layers; fd_core.models.ernie4_5_mtp): the MoE
+    # checkpoints' block has routed experts, as FastDeploy's MoE decoder layer class builds it
+    for i in range(cfg.get("num_nextn_predict_layers", 0)):
+        specs += [(f"model.mtp_emb_norm.{i}.weight", (h,), dtype), (f"model.mtp_hidden_norm.{i}.weight", (h,), dtype),
+                  (f"model.mtp_linear_proj.{i}.weight", (h, 2 * h), dtype)]
+        layer(f"model.mtp_block.{i}", cfg["model_type"] == "ernie4_5_moe")
     if not cfg["tie_word_embeddings"]:
         specs.append(("lm_head.weight", (cfg["vocab_size"], h), dtype))
     return [TensorSpec(n, s, t, (n,), "copy") for n, s, t in specs]
@@ -193,7 +201,7 @@ def _source_tensor(name: str, shape: tuple[int, ...], cfg: dict[str, Any], seed:
     changes which experts are picked.
     """
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    if name.endswith("norm.weight"):
+    if name.endswith("norm.weight") or ".mtp_emb_norm." in name or ".mtp_hidden_norm." in name:
         return 1.0 + np.float32(0.05) * rng.standard_normal(shape, dtype=np.float32)
     if name.endswith("e_score_correction_bias"):
         return np.float32(0.05) * rng.standard_normal(shape, dtype=np.float32)
@@ -408,8 +416,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(_ST_DTYPES))
     parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--mtp", action="store_true",
+                        help="add ERNIE's MTP block (num_nextn_predict_layers: 1) for --speculative-config mtp")
     args = parser.parse_args(argv)
-    out = generate_checkpoint(args.out, args.shape, args.naming, args.seed, args.dtype, args.shards)
+    extra = {"num_nextn_predict_layers": 1} if args.mtp else {}
+    out = generate_checkpoint(args.out, args.shape, args.naming, args.seed, args.dtype, args.shards, **extra)
     print(f"wrote {args.shape} ({args.naming} naming, seed {args.seed}, {args.dtype}) to {out}")
     return 0
 

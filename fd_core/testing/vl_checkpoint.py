@@ -1,6 +1,8 @@
 """Generated ERNIE-4.5-VL checkpoints (``tiny-vl``): seeded random weights in the
 real on-disk layouts, the ERNIE tokenizer (its ``<|IMAGE_*|>`` control tokens
-are the multimodal markers) and HF's image-processor config.
+are the multimodal markers), HF's image-processor config and its video-processor config
+(``video_preprocessor_config.json``, with a TrueType font for the frame timestamps copied next
+to it from the system fonts when there is one: HF's processor refuses to load without it).
 
 - "pytorch": tensor names and ``[out, in]`` layouts as HF transformers saves
   ``Ernie4_5_VLMoeForConditionalGeneration`` (its conversion mapping is the
@@ -20,6 +22,7 @@ in both namings.
 from __future__ import annotations
 
 import math
+import shutil
 import zlib
 from pathlib import Path
 from typing import Any
@@ -36,7 +39,7 @@ from fd_core.testing.checkpoints import (
     _write_tokenizer,
 )
 
-__all__ = ["VL_SHAPES", "generate_vl_checkpoint", "vl_tensor_specs"]
+__all__ = ["SYSTEM_FONTS", "VL_SHAPES", "generate_vl_checkpoint", "system_font", "vl_tensor_specs"]
 
 # fmt: off
 VL_SHAPES: dict[str, dict[str, Any]] = {
@@ -57,6 +60,8 @@ VL_SHAPES: dict[str, dict[str, Any]] = {
         },
         # pixel budget of the image processor: at most 16 merged tokens per image
         "min_pixels": 28 * 28, "max_pixels": 28 * 28 * 16,
+        # the video processor's: 4 to 16 merged patches per frame, every frame of a short clip
+        "video": {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 16, "min_frames": 1, "max_frames": 180},
     },
     # benchmarks/vl_ttft.py: the released vision tower's width (1280, 16 heads, MLP 5120) at 4 of its 32
     # layers, the processor's real pixel budget (a 448x448 image: 1024 patches, 256 LM tokens), a small
@@ -78,9 +83,13 @@ VL_SHAPES: dict[str, dict[str, Any]] = {
             "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0},
         },
         "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 6177,
+        "video": {"min_pixels": 299 * 28 * 28, "max_pixels": 1196 * 28 * 28, "min_frames": 16, "max_frames": 180},
     },
 }
 # fmt: on
+# TrueType fonts the Debian / Fedora font packages install (fonts-dejavu-core, dejavu-sans-fonts)
+SYSTEM_FONTS = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+                "/usr/share/fonts/dejavu-sans-fonts/DejaVuSans.ttf")
 _TOKENS = {"image_token_id": "<|IMAGE_PLACEHOLDER|>", "image_start_token_id": "<|IMAGE_START|>",
            "image_end_token_id": "<|IMAGE_END|>", "video_start_token_id": "<|VIDEO_START|>",
            "video_end_token_id": "<|VIDEO_END|>",
@@ -180,6 +189,29 @@ def _value(name: str, shape: tuple[int, ...], text: dict[str, Any], seed: int) -
     return noise * np.float32(1.0 / math.sqrt(fan_in))
 
 
+def system_font() -> Path | None:
+    """The first of ``SYSTEM_FONTS`` on this machine, or None (the generator and the video tests use it)."""
+    return next((Path(f) for f in SYSTEM_FONTS if Path(f).is_file()), None)
+
+
+def _write_video_config(out: Path, vision: dict[str, Any], video: dict[str, Any]) -> None:
+    """HF's ``Ernie4_5_VLMoeVideoProcessor`` keys (what it and ``VideoProcessorConfig.from_dir`` read),
+    and the timestamp font next to them when the system has one."""
+    font = system_font()
+    if font is not None:
+        shutil.copyfile(font, out / font.name)
+    _write_json(out / "video_preprocessor_config.json", {
+        "video_processor_type": "Ernie4_5_VLMoeVideoProcessor", "do_resize": True, "resample": 3,
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "patch_size": vision["patch_size"], "merge_size": vision["spatial_merge_size"],
+        "temporal_patch_size": vision["temporal_merge_size"], "do_sample_frames": True,
+        "min_frames": video["min_frames"], "max_frames": video["max_frames"], "draw_on_frames": True,
+        "font": font.name if font is not None else "DejaVuSans.ttf",
+        "size": {"shortest_edge": video["min_pixels"], "longest_edge": video["max_pixels"]},
+    })
+
+
 def _token_ids(out: Path) -> dict[str, int]:
     import sentencepiece as spm
 
@@ -235,6 +267,7 @@ def generate_vl_checkpoint(path: str | Path, shape: str, naming: str = "pytorch"
         "patch_size": vision["patch_size"], "merge_size": vision["spatial_merge_size"], "temporal_patch_size": 1,
         "size": {"shortest_edge": base["min_pixels"], "longest_edge": base["max_pixels"]},
     })
+    _write_video_config(out, vision, base["video"])
     specs = vl_tensor_specs(text, vision, dtype)
     shapes_of = {s.name: s.shape for s in specs}
     if naming == "paddle":

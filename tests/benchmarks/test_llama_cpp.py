@@ -124,3 +124,10 @@ def test_greedy_report_says_how_far_each_side_keeps_to_its_own_fp32():
     assert report["fd wint8 vs llama.cpp q8_0"] == (
         "not equal (prompt 0 from token 1); fd-core vs its fp32: not equal (prompt 0 from token 2); "
         "llama.cpp q8_0 vs f32: not equal (prompt 0 from token 1)")
+
+
+def test_fp32_against_f32_must_agree():
+    fd = [("fd fp32", "f32", [[1, 2, 3]]), ("fd wint8", "q8_0", [[1, 2, 4]])]
+    assert script.fp32_mismatches(script.greedy_report(fd, {"f32": [[1, 2, 3]], "q8_0": [[9]]})) == []
+    report = script.greedy_report(fd, {"f32": [[1, 2, 7]], "q8_0": [[1, 2, 4]]})
+    assert script.fp32_mismatches(report) == ["fd fp32 vs llama.cpp f32"]  # quantized pairs may drift

@@ -60,3 +60,13 @@ def test_the_report_pairs_fd_core_with_llama_cpp(tmp_path: Path) -> None:
     assert "| fd-core x86 wint4 | 300.0 s | 12.00 / 2.00 | 13.00 | 10.00 + 1.00 | 1.18x |" in text
     assert "| fd-core x86 wint4 | 6.0 (0.50x) | 20.0 (1.25x) | 40.0 (0.50x) |" in text
     assert "not equal (prompt 1 from token 1)" in text
+
+
+def test_the_report_counts_padding_row_ids(tmp_path: Path) -> None:
+    assert script.padding_ids([[1, 2047, 2048], [103423]]) == 2
+    args = script.parse_args(["--dir", str(tmp_path)])
+    mem = proc.MemSample(rss_anon=1, rss_file=1, peak_anon=1, peak_file=1, hwm=1)
+    fd = {"load_s": 1.0, "mem": mem, "status": {"VmHWM": 1}, "decode": {"1": 1.0, "8": 1.0}, "prefill": 1.0,
+          "greedy": [[5000, 1]]}
+    lc = {"load_s": 1.0, "mem": mem, "decode": {1: 1.0, 8: 1.0}, "prefill": 1.0, "greedy": [[3, 1]]}
+    assert "fd-core 1, llama.cpp 0" in script.report(args, fd, lc, {})

@@ -182,7 +182,7 @@ def test_llm_kwargs_take_fastdeploy_names(caplog):
                                       engine_worker_queue_port=[8182], port=8180, splitwise_role="mixed")
     assert args.model == "m"
     text = "\n".join(r.getMessage() for r in caplog.records)
-    for name in ("--enable-logprob", "--load-choices", "--kv-cache-ratio", "--engine-worker-queue-port", "port"):
+    for name in ("--enable-logprob", "--load-choices", "--kv-cache-ratio", "port"):
         assert name in text
     with pytest.raises(UnsupportedFeatureError, match="--enable-eplb: expert-parallel load balancing is not"):
         EngineArgs.from_kwargs("m", enable_eplb=True)

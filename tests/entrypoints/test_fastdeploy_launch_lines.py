@@ -28,7 +28,7 @@ LINES = [
     ("ERNIE-4.5-21B-A3B-Paddle MTP", "--model M --tensor-parallel-size 1 --quantization wint4 "
      "--max-model-len 32768 --max-num-seqs 128 --speculative-config "
      "'{\"method\": \"mtp\", \"num_speculative_tokens\": 1, \"model\": \"/mtp\"}'", "moe",
-     "--speculative-config"),
+     None),  # serves: tests/spec_decode/test_mtp_engine.py
     ("ERNIE-4.5-21B-A3B-Paddle PD prefill", "--model M --max-model-len 131072 --max-num-seqs 20 "
      "--num-gpu-blocks-override 40000 --quantization block_wise_fp8 --gpu-memory-utilization 0.9 "
      "--kv-cache-ratio 0.9 --port 7012 --engine-worker-queue-port 7013 --metrics-port 7014 "

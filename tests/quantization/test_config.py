@@ -74,7 +74,8 @@ def test_wint4_on_ernie_keeps_dense_layers_at_wint8():
 
 @pytest.mark.parametrize("value,message", [
     ("w4afp8", r"--quantization w4afp8: w4afp8 \(int4 weights with fp8 activations\) is not implemented"),
-    ("wint2", r"--quantization wint2: wint2 \(FastDeploy's 2-bit MoE experts.*is not implemented"),
+    ("wint2", r"--quantization wint2: wint2 \(FastDeploy's 2-bit MoE experts\) comes only from offline-quantized "
+              r"checkpoints.*no --quantization needed"),
     ({"quantization": "mix_quant", "dense_quant_type": "wint8", "moe_quant_type": "wint2"}, "wint2"),
 ])
 def test_unimplemented_fastdeploy_methods_are_refused(value, message):

@@ -6,7 +6,8 @@ Kernel hooks answered by paddle custom C++ ops: ``fd_linear`` for
 unquantized bf16 / fp16 weights on AVX-512 CPUs (``fd_x86.dense16``: widened
 in registers, or an avx512_bf16 GEMM from 16 rows; ``FD_X86_DENSE16=0`` turns
 it off), and for
-fp32 CPU tensors ``fd_rms_norm``, ``fd_silu_and_mul``,
+fp32 CPU tensors ``fd_vision_attention`` (``fd_x86.vision``: the vision
+tower's rotary and attention within each frame, AVX-512), ``fd_rms_norm``, ``fd_silu_and_mul``,
 ``fd_rotary_embedding``, ``fd_write_kv_cache``, ``fd_decode_attention`` and
 ``fd_prefill_attention`` (``fd_x86.ops``; the KV ops over fp32 pools, and
 on AVX-512 CPUs over bfloat16 / float16 / int8 / fp8 pools too: writes
@@ -213,6 +214,14 @@ def fd_prefill_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: KVPool, v_cac
     from fd_x86 import ops
 
     return _native(ops.prefill_attention, q, k, v, k_cache, v_cache, metadata, scale)
+
+
+@hookimpl
+def fd_vision_attention(qkv: Tensor, cos: Tensor, sin: Tensor, cu_seqlens: list[int], num_heads: int,
+                        scale: float) -> Tensor | None:
+    from fd_x86 import vision
+
+    return _native(vision.vision_attention, qkv, cos, sin, cu_seqlens, num_heads, scale)
 
 
 @hookimpl

@@ -23,6 +23,14 @@ What a run needs (packed weights, widened norms, the op's argument lists) is
 cached by the run's content key (``fd_core.ops.content_key``), not by the
 layer objects, which the models build afresh each step.
 ``FD_X86_FUSED_LAYER=0`` turns it off (A/B comparisons).
+
+A run's last layer may be attention only (``up_gate`` / ``down`` None: a
+MoE layer's attention half, which ERNIE's MoE layers run before their
+``fd_x86_moe_layer``): the op takes that layer's qkv and o alone and stops
+after its post-attention norm (``last_attention_only``), returning the
+MLP's input and the residual stream. ``FD_X86_FUSED_MOE_ATTENTION=0``
+declines such runs alone (A/B comparisons: the attention half then runs
+op by op, as before).
 """
 
 from __future__ import annotations
@@ -82,6 +90,11 @@ def _enabled() -> bool:
     return os.environ.get("FD_X86_FUSED_LAYER", "1") != "0"
 
 
+@functools.lru_cache(maxsize=1)
+def _attention_only_enabled() -> bool:
+    return os.environ.get("FD_X86_FUSED_MOE_ATTENTION", "1") != "0"
+
+
 def _fits(layer: Any, cos_sin: Any, pools: tuple[Any, ...] | None) -> bool:
     """Whether the op takes this layer: no q/k norms or biases (the op has
     none), norms, rotary table and caches it reads (``pools``: the caches as
@@ -108,10 +121,12 @@ def _fp32(norm: Any) -> Any:
 
 
 def _packed_linears(layer: Any, contract: bool) -> tuple[list[Any], list[int], list[int], list[int]] | None:
-    """The four linears' (weight, scales) tensors, kernel codes, output
-    widths and wint4 groups; None when one has no kernel here."""
+    """The four linears' (two in an attention-only layer) (weight, scales)
+    tensors, kernel codes, output widths and wint4 groups; None when one has
+    no kernel here."""
     weights, methods, widths, groups = [], [], [], []
-    for quant in (layer.qkv, layer.o, layer.up_gate, layer.down):
+    linears = (layer.qkv, layer.o) if layer.attention_only else (layer.qkv, layer.o, layer.up_gate, layer.down)
+    for quant in linears:
         if not isinstance(quant, QuantizedWeight):
             # an unquantized 16-bit weight, read in place by fd_x86.dense16's kernel
             code = DENSE16.get(str(getattr(quant, "dtype", "")))
@@ -180,7 +195,8 @@ Run = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any], li
 
 
 def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], contract: bool) -> Run | None:
-    if not (len(layers) == len(k_caches) == len(v_caches)) or not _same_shape(layers):
+    if not (len(layers) == len(k_caches) == len(v_caches)) or not _same_shape(layers) \
+            or any(layer.attention_only for layer in layers[:-1]):
         return None
     norms: list[Any] = []
     k_data: list[Any] = []
@@ -229,7 +245,9 @@ def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], cont
             vals.append(None if t is None else t._inplace_version())
         for w in (layer.qkv, layer.o, layer.up_gate, layer.down):
             q = getattr(w, "qweight", None)
-            if q is None:
+            if w is None:  # an attention-only layer's MLP
+                vals.append(None)
+            elif q is None:
                 objs.append(w)
                 vals.append(w._inplace_version())
             else:
@@ -284,6 +302,9 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     rows = hidden.shape[0]
     if rows == 0 or not layers or metadata.num_decodes != rows or len(hidden.shape) != 2 or not _enabled():
         return None
+    attention_only = layers[-1].attention_only
+    if attention_only and not _attention_only_enabled():
+        return None
     if not x86_ops._host(hidden) or (residual is not None and not x86_ops._host(residual)):
         return None
     inputs = _run_inputs(layers, cos_sin, k_caches, v_caches, rows)
@@ -296,7 +317,8 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     first = layers[0]
     out, total = load_ops().fd_x86_decoder_layers(
         hidden, hidden if residual is None else dense(residual), dense(cos_sin), positions, slots, tables, lens,
-        norms, k_list, v_list, k_scales, v_scales, weights, residual is not None, methods, widths, groups, float(first.eps),
+        norms, k_list, v_list, k_scales, v_scales, weights, residual is not None, attention_only, methods, widths,
+        groups, float(first.eps),
         int(first.num_heads), int(first.num_kv_heads), bool(first.interleaved_rope), block_size,
         float(first.scale), num_threads(),
     )

@@ -32,6 +32,7 @@ from fd_core.entrypoints.openai.concurrency import ConcurrencyLimit, Concurrency
 from fd_core.entrypoints.openai.errors import error_response, install_error_handlers
 from fd_core.entrypoints.openai.literal_tokens import LiteralSpecialTokens
 from fd_core.entrypoints.openai.mm_content import MultiModalChat
+from fd_core.entrypoints.openai.prefill_header import PrefillAddrMiddleware
 from fd_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from fd_core.entrypoints.openai.serving_chat import OpenAIServingChat
 from fd_core.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -104,6 +105,8 @@ class AppState:
     chat: OpenAIServingChat
     completion: OpenAIServingCompletion
     started: float
+    splitwise_role: str = "mixed"  # --splitwise-role (fd_core.disagg), reported by /load
+    pd_addr: str | None = None  # a prefill instance's KV-transfer address, reported by /load
 
 
 class SSEResponse(StreamingResponse):
@@ -197,6 +200,7 @@ def build_app(client: EngineClient, server_args: ServerArgs | None = None) -> Fa
     if args.max_concurrency is not None:
         app.state.concurrency = ConcurrencyLimit(args.max_concurrency)
         app.add_middleware(ConcurrencyLimitMiddleware, limit=app.state.concurrency, paths=GENERATION_PATHS)
+    app.add_middleware(PrefillAddrMiddleware)  # x-fd-prefill-addr: the router's prefill instance (fd_core.disagg)
     # outside the concurrency limit: it counts only requests whose body has fully arrived
     app.add_middleware(BodyLimitMiddleware, timeout=args.request_body_timeout,
                        max_bytes=args.max_request_body_bytes or default_max_body_bytes(max_model_len))

@@ -1,4 +1,4 @@
-"""Chat content parts with images, for a multimodal model (ERNIE-4.5-VL) behind the server.
+"""Chat content parts with images and videos, for a multimodal model (ERNIE-4.5-VL) behind the server.
 
 ``OpenAIServingChat.create`` calls, for a model with a vision tower:
 
@@ -6,15 +6,18 @@
    (``{"type": "image_url", "image_url": {"url": ...}}``, the URL also as a plain string;
    ``{"type": "image", "image" | "url": ...}``) written as ERNIE-VL's
    ``Picture N:<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>`` and remembered with its
-   place (``messages[i].content[j]``). More images than ``--limit-mm-per-prompt`` allows, a
-   ``video_url`` part (video input is not served yet) or an unknown part is a 400 naming the part.
+   place (``messages[i].content[j]``); each video part (``{"type": "video_url", "video_url":
+   {"url": ...}}``, the URL also as a plain string; ``{"type": "video", "video" | "url": ...}``) as
+   ``Video N:<|VIDEO_START|><|VIDEO_END|>``. More images or videos than ``--limit-mm-per-prompt``
+   allows or an unknown part is a 400 naming the part.
 2. the usual template rendering and tokenization of the flattened messages;
-3. ``prompt(ids, media)``: in a worker thread, each image is read from its URL -- ``data:``
-   (base64) always; ``file://`` URLs and paths only under ``--allowed-local-media-path``;
+3. ``prompt(ids, media)``: in a worker thread, each image or video is read from its URL --
+   ``data:`` (base64) always; ``file://`` URLs and paths only under ``--allowed-local-media-path``;
    ``http(s)://`` only for hosts in ``--allowed-media-domains`` (no redirects) -- decoded and
-   processed as HF's processor does (``--mm-processor-kwargs``: min/max pixels), then the
-   placeholders are expanded (``fd_core.multimodal.build_inputs``). Any bad image is a 400
-   naming the part and the problem; nothing reaches the engine then.
+   processed as HF's processors do (``--mm-processor-kwargs``: min/max pixels, video frame
+   sampling; videos decoded with PyAV), then the placeholders are expanded
+   (``fd_core.multimodal.build_inputs``). Any bad image or video (undecodable, no video stream,
+   too many frames) is a 400 naming the part and the problem; nothing reaches the engine then.
 
 The result is the engine prompt dict ``{"prompt_token_ids", "mm_inputs"}``; ``mm_inputs``
 (numpy arrays, fp32 pixels) is pickled to the engine process with the request.
@@ -38,9 +41,10 @@ from fd_core.multimodal.options import MultiModalOptions
 
 __all__ = ["MediaPart", "MultiModalChat"]
 
-MAX_FETCH_BYTES = 64 << 20  # an http(s) image larger than this is refused
+MAX_FETCH_BYTES = 64 << 20  # an http(s) image or video larger than this is refused
 FETCH_TIMEOUT_SECONDS = 10.0
 IMAGE_PROMPT = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"  # as fd_core.multimodal.prompt writes it
+VIDEO_PROMPT = "<|VIDEO_START|><|VIDEO_END|>"  # the video's tokens go between (fd_core.multimodal.build_inputs)
 _IMAGE_PARTS = ("image_url", "image", "input_image")
 _VIDEO_PARTS = ("video_url", "video")
 _OTHER_MEDIA = ("input_audio", "audio_url", "audio", "file", "input_file")
@@ -49,7 +53,7 @@ _OTHER_MEDIA = ("input_audio", "audio_url", "audio", "file", "input_file")
 @dataclass(frozen=True)
 class MediaPart:
     where: str  # "messages[i].content[j]"
-    kind: str  # "image" (video is refused in split)
+    kind: str  # "image" or "video"
     url: str
 
 
@@ -58,31 +62,35 @@ def _bad(where: str, message: str) -> OpenAIError:
 
 
 def _part_url(part: dict[str, Any], kind: str, where: str) -> str:
-    """The URL of an image part: image_url {"url": ...} / "..." or image {"image"|"url": ...}."""
-    if kind == "image_url":
-        ref = part.get("image_url")
+    """The URL of a media part: image_url / video_url {"url": ...} / "...", or image / video
+    {"image"|"video"|"url": ...}."""
+    if kind in ("image_url", "video_url"):
+        ref = part.get(kind)
         url = ref.get("url") if isinstance(ref, dict) else ref
     elif kind == "input_image":
         url = part.get("image_url")
     else:
-        url = part.get("image", part.get("url"))
+        url = part.get(kind, part.get("url"))
     if not isinstance(url, str) or not url:
-        raise _bad(where, f"an {kind} part needs its image as a URL string "
-                          f"({{'type': 'image_url', 'image_url': {{'url': 'data:image/png;base64,...'}}}}), "
-                          f"got {str(part)[:120]}")
+        media = "video" if kind in _VIDEO_PARTS else "image"
+        example = "'data:video/mp4;base64,...'" if media == "video" else "'data:image/png;base64,...'"
+        raise _bad(where, f"an {kind} part needs its {media} as a URL string "
+                          f"({{'type': '{media}_url', '{media}_url': {{'url': {example}}}}}), got {str(part)[:120]}")
     return url
 
 
 class MultiModalChat:
-    """Image content parts -> the engine's prompt dict, for one model."""
+    """Image and video content parts -> the engine's prompt dict, for one model."""
 
     def __init__(self, model_dir: str | Path, config: Any, options: MultiModalOptions) -> None:
         # numpy and PIL are imported only for a multimodal model
         from fd_core.multimodal.image_processor import ImageProcessor
+        from fd_core.multimodal.video_processor import VideoProcessor  # PyAV: on the first video
 
         self.config = config
         self.options = options
         self.processor = ImageProcessor.from_dir(model_dir, **options.processor_overrides)
+        self.video_processor = VideoProcessor.from_dir(model_dir, **options.video)
 
     @classmethod
     def for_model(cls, model_dir: str | Path, options: MultiModalOptions | None,
@@ -135,23 +143,22 @@ class MultiModalChat:
             kind = part.get("type")
             if kind in ("text", "refusal") and isinstance(part.get(kind), str):
                 texts.append(part[kind])
-            elif kind in _IMAGE_PARTS:
+            elif kind in _IMAGE_PARTS or kind in _VIDEO_PARTS:
                 url = _part_url(part, kind, where)
-                images = sum(1 for m in media if m.kind == "image") + 1
-                limit = self.options.limits.get("image", 0)
-                if images > limit:
-                    raise _bad(where, f"image {images} of this prompt is over the limit of {limit} image(s) per "
-                                      f"prompt (--limit-mm-per-prompt '{{\"image\": {limit}}}')")
-                media.append(MediaPart(where, "image", url))
-                texts.append(f"Picture {images}:{IMAGE_PROMPT}")
-            elif kind in _VIDEO_PARTS:
-                raise _bad(where, f"a '{kind}' part: video input is not served yet (issue 21); send the video's "
-                                  "frames as image_url parts")
+                modality = "image" if kind in _IMAGE_PARTS else "video"
+                count = sum(1 for m in media if m.kind == modality) + 1
+                limit = self.options.limits.get(modality, 0)
+                if count > limit:
+                    raise _bad(where, f"{modality} {count} of this prompt is over the limit of {limit} {modality}(s) "
+                                      f"per prompt (--limit-mm-per-prompt '{{\"{modality}\": {limit}}}')")
+                media.append(MediaPart(where, modality, url))
+                texts.append(f"Picture {count}:{IMAGE_PROMPT}" if modality == "image" else f"Video {count}:{VIDEO_PROMPT}")
             elif kind in ("text", "refusal"):
                 raise _bad(where, f"a '{kind}' part without a string '{kind}'")
             else:
                 what = "a media type this model does not take" if kind in _OTHER_MEDIA else "an unknown part type"
-                raise _bad(where, f"{kind!r} is {what}; expected 'text', 'image_url' (or 'image')")
+                raise _bad(where, f"{kind!r} is {what}; expected 'text', 'image_url' (or 'image'), 'video_url' "
+                                  "(or 'video')")
         return "".join(texts)
 
     # ---- 3. token ids + images -> the engine prompt -----------------------------------
@@ -160,18 +167,22 @@ class MultiModalChat:
         from fd_core.multimodal.inputs import build_inputs
 
         processed = await asyncio.to_thread(lambda: [self._process(part) for part in media])
+        images = [p for p, part in zip(processed, media) if part.kind == "image"]
+        videos = [p for p, part in zip(processed, media) if part.kind == "video"]
         try:
-            ids, mm = build_inputs(token_ids, processed, self.config)
+            ids, mm = build_inputs(token_ids, images, self.config, videos)
         except ValueError as exc:  # e.g. a placeholder token typed into a text part
             raise OpenAIError(str(exc), 400, "messages") from None
         return {"prompt": None, "prompt_token_ids": ids, "mm_inputs": mm}
 
     def _process(self, part: MediaPart) -> Any:
         from fd_core.multimodal.image_processor import ImageError
+        from fd_core.multimodal.video_decode import VideoError
 
+        processor = self.processor if part.kind == "image" else self.video_processor
         try:
-            return self.processor(self._source(part))
-        except ImageError as exc:
+            return processor(self._source(part))
+        except (ImageError, VideoError) as exc:
             raise _bad(part.where, str(exc)) from None
 
     def _source(self, part: MediaPart) -> bytes | Path:
@@ -191,7 +202,7 @@ class MultiModalChat:
             return self._fetch(part)
         if scheme in ("", "file"):
             return self._local(part)
-        raise _bad(part.where, f"image URL scheme {scheme!r} is not supported; send a data: URL (base64), "
+        raise _bad(part.where, f"{part.kind} URL scheme {scheme!r} is not supported; send a data: URL (base64), "
                                "an http(s) URL (with --allowed-media-domains) or a file:// URL "
                                "(with --allowed-local-media-path)")
 
@@ -199,11 +210,11 @@ class MultiModalChat:
         root = self.options.allowed_local_media_path
         path = unquote(urlsplit(part.url).path) if part.url.startswith("file:") else part.url
         if root is None:
-            raise _bad(part.where, f"local image files ({part.url[:80]!r}) are not read by this server; send a "
+            raise _bad(part.where, f"local {part.kind} files ({part.url[:80]!r}) are not read by this server; send a "
                                    "data: URL, or start the server with --allowed-local-media-path DIR")
         real = os.path.realpath(path)
         if os.path.commonpath([real, root]) != root:
-            raise _bad(part.where, f"image file {path!r} is outside --allowed-local-media-path {root!r}")
+            raise _bad(part.where, f"{part.kind} file {path!r} is outside --allowed-local-media-path {root!r}")
         return Path(real)
 
     def _fetch(self, part: MediaPart) -> bytes:
@@ -215,17 +226,17 @@ class MultiModalChat:
                    if self.options.allowed_media_domains else
                    "this server fetches no http(s) images; send a data: URL, or start it with "
                    "--allowed-media-domains HOST[,HOST...]")
-            raise _bad(part.where, f"image URL {part.url[:80]!r}: {why}")
+            raise _bad(part.where, f"{part.kind} URL {part.url[:80]!r}: {why}")
         try:
             with httpx.stream("GET", part.url, timeout=FETCH_TIMEOUT_SECONDS, follow_redirects=False) as r:
                 if r.status_code != 200:
-                    raise _bad(part.where, f"image URL {part.url[:80]!r} answered HTTP {r.status_code}")
+                    raise _bad(part.where, f"{part.kind} URL {part.url[:80]!r} answered HTTP {r.status_code}")
                 body = bytearray()
                 for chunk in r.iter_bytes():
                     body += chunk
                     if len(body) > MAX_FETCH_BYTES:
-                        raise _bad(part.where, f"image URL {part.url[:80]!r} is larger than {MAX_FETCH_BYTES} bytes")
+                        raise _bad(part.where, f"{part.kind} URL {part.url[:80]!r} is larger than {MAX_FETCH_BYTES} bytes")
                 return bytes(body)
         except httpx.HTTPError as exc:
-            raise _bad(part.where, f"image URL {part.url[:80]!r} cannot be fetched: {type(exc).__name__}: {exc}") \
+            raise _bad(part.where, f"{part.kind} URL {part.url[:80]!r} cannot be fetched: {type(exc).__name__}: {exc}") \
                 from None

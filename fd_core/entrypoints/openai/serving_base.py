@@ -280,6 +280,10 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
     spec = summed.speculate_metrics()
     if spec is not None:
         body["speculate_metrics"] = spec
+    kv_bytes = sum(m.kv_transfer_bytes for m in speculate)
+    if kv_bytes:  # --splitwise-role decode: the KV received from the prefill instance (fd_core.disagg)
+        body["kv_transfer_bytes"] = kv_bytes
+        body["kv_transfer_ms"] = round(1000 * sum(m.kv_transfer_seconds for m in speculate), 3)
     return body
 
 

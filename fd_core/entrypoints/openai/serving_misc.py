@@ -1,5 +1,5 @@
 """``/v1/models``, ``/tokenize``, ``/detokenize``, ``/health``, ``/version`` (vLLM's shapes),
-``/ping`` and ``/config-info`` (FastDeploy's)."""
+``/ping`` and ``/config-info`` (FastDeploy's), ``/load`` (fd-router's poll)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,19 @@ def misc_router() -> APIRouter:
     # FastDeploy's (and SageMaker's) liveness probe: the same answer as /health
     router.add_api_route("/ping", health, methods=["GET"], name="ping")
     router.add_api_route("/ping", health, methods=["POST"], name="ping_post")
+
+    @router.get("/load")
+    async def load(request: Request) -> dict[str, Any]:
+        """This instance's load, polled by fd-router (fd_core.router.registry): ``role``
+        (``--splitwise-role``) and ``pd_addr`` (a prefill instance's KV-transfer address,
+        ``fd_core.disagg.config.advertised_address``) as fd-serve set them on the app state."""
+        st = _state(request)
+        stats, info = st.client.stats(), st.client.info
+        total = max(0, info.num_kv_blocks - 1)  # block 0 is the null block
+        return {"role": st.splitwise_role, "running": stats.num_running,
+                "waiting": stats.num_waiting + stats.num_enqueued,
+                "free_blocks": stats.num_free_blocks if stats.time else total, "total_blocks": total,
+                "pd_addr": st.pd_addr}
 
     @router.get("/config-info")
     async def config(request: Request) -> dict[str, Any]:

@@ -48,6 +48,9 @@ _DTYPES = ("float32", "float16", "bfloat16")
 _DEVICE_HOOKS = ("device_info", "device_availability", "device_memory", "device_capabilities",
                  "set_device")
 _GENERAL_HOOKS = ("load_tokenizer",)  # general plugins' firstresult hooks: not kernels
+# a factory of prefill/decode disaggregation's KV transport (fd_core.disagg): no numerics of its own;
+# the blocks it carries are read and written with copy_kv_blocks, which the suite checks
+_TRANSPORT_HOOKS = ("kv_transport",)
 # Every kernel op of the contract (firstresult hooks other than the device
 # description and the general plugins' hooks), without the ``fd_`` prefix, in hookspec order.
 KERNEL_OPS = tuple(
@@ -55,7 +58,7 @@ KERNEL_OPS = tuple(
     for name, spec in vars(hookspecs).items()
     if name.startswith("fd_")
     and getattr(spec, hookspecs.PROJECT_NAME + "_spec", {}).get("firstresult")
-    and name[3:] not in _DEVICE_HOOKS + _GENERAL_HOOKS
+    and name[3:] not in _DEVICE_HOOKS + _GENERAL_HOOKS + _TRANSPORT_HOOKS
 )
 # Optional fusions of other ops: the reference has no kernel of its own (the
 # ``Ops`` method composes the unfused hooks); a backend's is checked against that.
@@ -77,6 +80,17 @@ class SuiteState:
     implemented: dict[str, bool] = field(default_factory=dict)  # op -> backend has a hook
     answered: dict[str, set[str]] = field(default_factory=dict)  # op -> labels seen in reports
     ran_suite: bool = False
+
+    def quant_methods(self) -> tuple[str, ...]:
+        """The backend's quantization methods that float weights can be quantized to: the
+        cases quantize generated weights, so methods that come only from offline-quantized
+        checkpoints (wint2, w4a8_static; refused as ``--quantization``) are left out."""
+        if self.backend is None:
+            return ()
+        from fd_core.quantization.methods import registry
+
+        makeable = set(registry.names(implemented=True))
+        return tuple(m for m in self.backend.capabilities().quantization_methods if m in makeable)
 
 
 STATE_KEY = pytest.StashKey[SuiteState]()

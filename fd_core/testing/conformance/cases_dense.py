@@ -24,7 +24,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.function.__name__ == "test_linear":
         # Unquantized, then every quantization method the backend lists.
         state = metafunc.config.stash[STATE_KEY]
-        methods = state.backend.capabilities().quantization_methods if state.backend else ()
+        methods = state.quant_methods()
         cases = [("none", *shape) for shape in LINEAR_SHAPES]
         cases += [(m, *shape) for m in methods for shape in LINEAR_SHAPES if shape[1] % 256 == 0]
         metafunc.parametrize("method,tokens,d_in,d_out", cases)

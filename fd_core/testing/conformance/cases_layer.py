@@ -12,12 +12,16 @@ it has just written, so a wrong store, or a layer given another's cache,
 shows in the outputs. The layer's optional parts (Qwen3's q/k norms with
 half-split rotary; q/k/v and output biases) run in their own cases: a
 backend's fused kernel answers them or declines, and either way the result
-is the reference's.
+is the reference's. A run may end with an attention-only layer (a MoE
+layer's attention half: no ``up_gate`` / ``down``), alone or after a dense
+layer, which returns the post-attention-normed hidden state and the
+residual stream.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -49,9 +53,10 @@ ACT_QUANT_TOLERANCE = {"w8a8": W8A8_TOLERANCE, "w4a8": W8A8_TOLERANCE,
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "method" in metafunc.fixturenames and metafunc.function.__name__ == "test_decoder_layers":
+    if "method" in metafunc.fixturenames and metafunc.function.__name__ in (
+            "test_decoder_layers", "test_decoder_layers_attention_only"):
         state = metafunc.config.stash[STATE_KEY]
-        methods = state.backend.capabilities().quantization_methods if state.backend else ()
+        methods = state.quant_methods()
         metafunc.parametrize("method", ["none", *methods])
 
 
@@ -90,7 +95,8 @@ def _layer(fd: Harness, on_reference: bool, step: Step, method: str, w: dict[str
 
 
 def _run(fd: Harness, on_reference: bool, step: Step, method: str, data: dict[str, Any],
-         tables: list[list[int]], num_blocks: int, with_residual: bool, kv_dtype: str = "float32") -> tuple[Any, Any]:
+         tables: list[list[int]], num_blocks: int, with_residual: bool, kv_dtype: str = "float32",
+         attention_only: bool = False) -> tuple[Any, Any]:
     call = fd.call_reference if on_reference else fd.call
     put = fd.host if on_reference else fd.device
     where: contextlib.AbstractContextManager[None] = fd.on_host() if on_reference else contextlib.nullcontext()
@@ -108,6 +114,8 @@ def _run(fd: Harness, on_reference: bool, step: Step, method: str, data: dict[st
         layers.append(_layer(fd, on_reference, step, method, weights))
         k_caches.append(k_cache)
         v_caches.append(v_cache)
+    if attention_only:
+        layers[-1] = replace(layers[-1], up_gate=None, down=None)
     args = {"layers": layers, "hidden": put(data["hidden"]),
             "residual": put(data["residual"]) if with_residual else None, "cos_sin": put(data["cos_sin"]),
             "metadata": meta, "k_caches": k_caches, "v_caches": v_caches}
@@ -122,6 +130,14 @@ def _run(fd: Harness, on_reference: bool, step: Step, method: str, data: dict[st
 @pytest.mark.parametrize("step", LAYER_STEPS, ids=[s.name for s in LAYER_STEPS])
 def test_decoder_layers(conformance: Harness, step: Step, method: str, with_residual: bool, num_layers: int) -> None:
     _check_layers(conformance, step, method, with_residual, num_layers, "plain")
+
+
+@pytest.mark.parametrize("num_layers", [1, 2], ids=["attention-only", "dense+attention-only"])
+@pytest.mark.parametrize("with_residual", [False, True], ids=["first-layer", "residual"])
+@pytest.mark.parametrize("step", LAYER_STEPS, ids=[s.name for s in LAYER_STEPS])
+def test_decoder_layers_attention_only(conformance: Harness, step: Step, method: str, with_residual: bool,
+                                       num_layers: int) -> None:
+    _check_layers(conformance, step, method, with_residual, num_layers, "plain", attention_only=True)
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "plain"])
@@ -148,9 +164,10 @@ def test_decoder_layers_kv_dtypes(conformance: Harness, step: Step, kv_dtype: st
 
 
 def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num_layers: int, variant: str,
-                  kv_dtype: str = "float32") -> None:
+                  kv_dtype: str = "float32", attention_only: bool = False) -> None:
     rng = case_rng("decoder-layers", step.name, method, with_residual, num_layers,
-                   *(() if variant == "plain" else (variant,)), *(() if kv_dtype == "float32" else (kv_dtype,)))
+                   *(() if variant == "plain" else (variant,)), *(() if kv_dtype == "float32" else (kv_dtype,)),
+                   *(("attention-only",) if attention_only else ()))
     num_blocks, tables = _block_tables(step, rng)
     ctx_slots = _context(step, tables, rng)
     tokens = sum(step.query_lens)
@@ -166,8 +183,8 @@ def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num
         "ctx_k": [fd.rounded(rng.normal(0, 1, ctx_shape)) for _ in range(num_layers)],
         "ctx_v": [fd.rounded(rng.normal(0, 1, ctx_shape)) for _ in range(num_layers)],
     }
-    got = _run(fd, False, step, method, data, tables, num_blocks, with_residual, kv_dtype)
-    want = _run(fd, True, step, method, data, tables, num_blocks, with_residual, kv_dtype)
+    got = _run(fd, False, step, method, data, tables, num_blocks, with_residual, kv_dtype, attention_only)
+    want = _run(fd, True, step, method, data, tables, num_blocks, with_residual, kv_dtype, attention_only)
     tol = fd.tol().looser(ACT_QUANT_TOLERANCE.get(method, LAYER_TOLERANCE))
     if kv_dtype != "float32":
         tol = tol.looser(KV_TOLERANCE[kv_dtype])
@@ -176,6 +193,8 @@ def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num
     parts = method if variant == "plain" else f"{method} {variant}"
     if kv_dtype != "float32":
         parts += f" kv={kv_dtype}"
+    if attention_only:
+        parts += " last-layer=attention-only"
     case = (f"{step.name}: {parts} layers={num_layers} D={HIDDEN} I={INTER} H={step.heads} "
             f"Hkv={step.kv_heads} Dh={step.head_dim} query_lens={step.query_lens} seq_lens={step.seq_lens} "
             f"residual={with_residual} dtype={fd.dtype}")

@@ -131,7 +131,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     name = metafunc.function.__name__
     if name in ("test_moe_experts_quantized", "test_moe_layer_experts"):
         state = metafunc.config.stash[STATE_KEY]
-        methods = list(state.backend.capabilities().quantization_methods if state.backend else ())
+        methods = list(state.quant_methods())
         metafunc.parametrize("method", methods if name == "test_moe_experts_quantized" else ["none", *methods])
 
 

@@ -18,7 +18,7 @@ paddle = import_paddle()
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.function.__name__ == "test_moe_layer":
         state = metafunc.config.stash[STATE_KEY]
-        methods = list(state.backend.capabilities().quantization_methods if state.backend else ())
+        methods = list(state.quant_methods())
         metafunc.parametrize("method", ["none", *methods])
 
 

@@ -677,6 +677,7 @@ PD_BUILD_OP(fd_x86_qkv_rope_cache_q8)
 //   fd_x86_decoder_layers(hidden, residual, cos_sin, positions, slots, block_tables, seq_lens,
 //                         norms[2L], k_caches[L], v_caches[L], k_scales[L], v_scales[L],
 //                         weights[8L]) -> hidden, residual
+//   (with last_attention_only: weights[8L - 4], methods / out_features / group_sizes [4L - 2])
 //
 // A run of L consecutive pre-norm decoder layers of a decode step (one token
 // per request, T requests), in one call. Each layer: RMSNorm (with the
@@ -693,7 +694,11 @@ PD_BUILD_OP(fd_x86_qkv_rope_cache_q8)
 // their scales [S, Hkv] from k_scales / v_scales, whose entries a float
 // pool's layer ignores (any fp32 tensor). The same kernels as the separate ops, so
 // the same results; what it saves is ~8 op calls per layer and the Python
-// between the layers.
+// between the layers. With last_attention_only the last layer has no MLP (a
+// MoE layer's attention half: its qkv and o weights only) and the op returns
+// that layer's post-attention-normed hidden state (the MLP's input) and the
+// residual stream after the attention add, the same code path stopped after
+// the second norm.
 namespace {
 
 // One layer's tensors, checked, and its kernels' arguments.
@@ -704,6 +709,7 @@ struct LayerPlan {
   fdx86::AttentionArgs attn;
   fdx86::LinearArgs lin[4];
   int methods[4] = {0, 0, 0, 0};
+  bool attention_only = false;  // no up_gate / down: stop after the post-attention norm
 };
 
 std::vector<paddle::Tensor> DecoderLayers(
@@ -712,7 +718,8 @@ std::vector<paddle::Tensor> DecoderLayers(
     const paddle::Tensor& seq_lens, const std::vector<paddle::Tensor>& norms,
     const std::vector<paddle::Tensor>& k_caches, const std::vector<paddle::Tensor>& v_caches,
     const std::vector<paddle::Tensor>& k_scales, const std::vector<paddle::Tensor>& v_scales,
-    const std::vector<paddle::Tensor>& weights, bool has_residual, const std::vector<int>& methods,
+    const std::vector<paddle::Tensor>& weights, bool has_residual, bool last_attention_only,
+    const std::vector<int>& methods,
     const std::vector<int64_t>& out_features, const std::vector<int>& group_sizes, float eps, int64_t num_heads,
     int64_t num_kv_heads, bool interleaved, int64_t block_size, float scale, int threads) {
   const char* op = "fd_x86_decoder_layers";
@@ -725,11 +732,12 @@ std::vector<paddle::Tensor> DecoderLayers(
   PD_CHECK(hidden.shape().size() == 2, op, ": hidden must be [T, D]");
   PD_CHECK(!has_residual || residual.shape() == hidden.shape(), op, ": residual must have hidden's shape");
   const size_t L = k_caches.size();
+  const size_t lins = L >= 1 ? 4 * L - (last_attention_only ? 2 : 0) : 0;  // linears in the run
   PD_CHECK(L >= 1 && v_caches.size() == L && k_scales.size() == L && v_scales.size() == L &&
-               norms.size() == 2 * L && weights.size() == 8 * L &&
-               methods.size() == 4 * L && out_features.size() == 4 * L && group_sizes.size() == 4 * L,
+               norms.size() == 2 * L && weights.size() == 2 * lins &&
+               methods.size() == lins && out_features.size() == lins && group_sizes.size() == lins,
            op, ": for ", L, " layers needs 2 norms, a k and a v cache, (packed, scales) x 4 weights and 4 methods / "
-           "out_features / group_sizes per layer");
+           "out_features / group_sizes per layer (2 of each in an attention-only last layer)");
   PD_CHECK(cos_sin.shape().size() == 2, op, ": cos_sin must be [max_pos, Dh]");
   const int64_t T = hidden.shape()[0], D = hidden.shape()[1], dh = cos_sin.shape()[1];
   const int64_t H = num_heads, Hkv = num_kv_heads, q_size = H * dh, qkv_size = (H + 2 * Hkv) * dh;
@@ -749,12 +757,15 @@ std::vector<paddle::Tensor> DecoderLayers(
     check_f32(op, "post_norm", post_norm);
     PD_CHECK(in_norm.numel() == D && post_norm.numel() == D, op, ": layer ", l,
              ": the norm weights must have D = ", D, " values");
+    p.attention_only = last_attention_only && l + 1 == L;
+    const int nlin = p.attention_only ? 2 : 4;
     const int64_t* outs = out_features.data() + 4 * l;
     PD_CHECK(outs[0] == qkv_size, op, ": layer ", l, ": qkv has ", outs[0], " outputs, expected (", H, " + 2 * ",
              Hkv, ") * ", dh);
-    PD_CHECK(outs[1] == D && outs[3] == D, op, ": layer ", l, ": o and down must output D = ", D);
-    PD_CHECK(outs[2] % 2 == 0, op, ": layer ", l, ": up_gate must have an even output width");
-    const int64_t inter = outs[2] / 2;
+    PD_CHECK(outs[1] == D && (p.attention_only || outs[3] == D), op, ": layer ", l, ": o and down must output D = ",
+             D);
+    PD_CHECK(p.attention_only || outs[2] % 2 == 0, op, ": layer ", l, ": up_gate must have an even output width");
+    const int64_t inter = p.attention_only ? 0 : outs[2] / 2;
     inter_max = std::max(inter_max, inter);
     // an int8 / fp8 pool (int8 / uint8 codes) comes with its scales; a float pool's entry is unused
     const bool scaled = k_caches[l].dtype() == paddle::DataType::INT8 || k_caches[l].dtype() == paddle::DataType::UINT8;
@@ -770,7 +781,7 @@ std::vector<paddle::Tensor> DecoderLayers(
       PD_CHECK(k_caches[l].shape()[0] == k_caches[0].shape()[0], op, ": layer ", l,
                "'s caches have a different number of rows than layer 0's");
     const int64_t in_features[4] = {D, q_size, D, inter};
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < nlin; ++i) {
       p.methods[i] = methods[4 * l + i];
       p.lin[i] = fdx86::packed_linear_args(op, nullptr, T, in_features[i], weights[8 * l + 2 * i],
                                            weights[8 * l + 2 * i + 1], p.methods[i], outs[i],
@@ -845,7 +856,11 @@ std::vector<paddle::Tensor> DecoderLayers(
     p.lin[1].x = ctx;
     p.lin[1].out = o;
     fdx86::run_packed_linear(p.lin[1], p.methods[1]);
-    // post-attention norm: r_next = o + res
+    // post-attention norm: r_next = o + res; an attention-only (last) layer returns its output
+    if (p.attention_only) {
+      fdx86::rms_norm_avx2(o, res, p.post_norm, h_next, r_next, T, D, eps, nthreads);
+      break;
+    }
     fdx86::rms_norm_avx2(o, res, p.post_norm, x, r_next, T, D, eps, nthreads);
     p.lin[2].x = x;
     p.lin[2].out = up_gate;
@@ -885,9 +900,9 @@ PD_BUILD_OP(fd_x86_decoder_layers)
              paddle::Vec("KCaches"), paddle::Vec("VCaches"), paddle::Vec("KScales"), paddle::Vec("VScales"),
              paddle::Vec("Weights")})
     .Outputs({"HiddenOut", "ResidualOut"})
-    .Attrs({"has_residual: bool", "methods: std::vector<int>", "out_features: std::vector<int64_t>",
-            "group_sizes: std::vector<int>", "eps: float", "num_heads: int64_t", "num_kv_heads: int64_t",
-            "interleaved: bool", "block_size: int64_t", "scale: float", "threads: int"})
+    .Attrs({"has_residual: bool", "last_attention_only: bool", "methods: std::vector<int>",
+            "out_features: std::vector<int64_t>", "group_sizes: std::vector<int>", "eps: float", "num_heads: int64_t",
+            "num_kv_heads: int64_t", "interleaved: bool", "block_size: int64_t", "scale: float", "threads: int"})
     .SetKernelFn(PD_KERNEL(DecoderLayers))
     .SetInferShapeFn(PD_INFER_SHAPE(DecoderLayersShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(DecoderLayersDtype));

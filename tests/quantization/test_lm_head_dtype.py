@@ -1,0 +1,41 @@
+"""The LM head follows FastDeploy: stored in the model's dtype (``--dtype``),
+never quantized by ``--quantization`` alone; ``--lm_head-fp32`` keeps it fp32."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+from fd_core import LLM
+from fd_core.model_loader import load_model
+from fd_core.model_loader.safetensors_io import SafetensorsFile
+from fd_core.quantization import parse_quantization
+
+
+def _untied(checkpoint_factory):
+    return checkpoint_factory("tiny-dense", "paddle", dtype="float32", tie_word_embeddings=False)
+
+
+def test_head_takes_the_model_dtype_and_stays_unquantized(cpu_backend, checkpoint_factory):
+    model = load_model(_untied(checkpoint_factory), cpu_backend.ops, quantization=parse_quantization("wint8"),
+                       dtype="bfloat16")
+    assert model.lm_head.quant is None and model.lm_head.weight.data.dtype == paddle.bfloat16
+    assert model.layers[0].self_attn.qkv_proj.quant.method == "wint8"
+
+
+def test_lm_head_fp32_keeps_the_checkpoint_values(cpu_backend, checkpoint_factory):
+    model_dir = _untied(checkpoint_factory)
+    stored = SafetensorsFile(next(model_dir.glob("*.safetensors"))).get("lm_head.weight")
+    model = load_model(model_dir, cpu_backend.ops, quantization=parse_quantization("wint8"), dtype="bfloat16",
+                       lm_head_fp32=True)
+    head = model.lm_head.weight.data
+    assert head.dtype == paddle.float32
+    np.testing.assert_array_equal(head.numpy(), stored)  # not rounded through bf16
+    assert model.embed_tokens.data.dtype == paddle.bfloat16  # the rest keeps --dtype
+    assert model.layers[0].input_layernorm.weight.data.dtype == paddle.bfloat16
+
+
+def test_the_engine_passes_the_flag(checkpoint_factory):
+    llm = LLM(str(_untied(checkpoint_factory)), backend="cpu", dtype="bfloat16", lm_head_fp32=True,
+              max_model_len=64, num_gpu_blocks_override=8, block_size=16)
+    assert llm.engine.core.runner.model.lm_head.weight.data.dtype == paddle.float32
