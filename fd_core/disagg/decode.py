@@ -211,7 +211,7 @@ class DecodeEngine:
             self.num_failed += 1
             logger.warning("request %s: %s", rid, exc)
             self.core.abort([rid])
-            return EngineCoreOutput(rid, [], finish_reason="abort", stop_reason=str(exc))
+            return EngineCoreOutput(rid, [], finish_reason="abort", stop_reason=str(exc), error=str(exc))
         nbytes = sum(len(f) for f in kv_frames)
         self.kv_bytes_received += nbytes
         self.num_transfers += 1

@@ -102,6 +102,7 @@ class _Parent:
     metrics: RequestMetrics
     prompt_logprobs: Any = None
     num_cached_tokens: int = 0
+    error: str | None = None  # a sample failed outside the model (EngineCoreOutput.error)
 
     @property
     def finished(self) -> bool:
@@ -178,6 +179,7 @@ class OutputProcessor:
             if out.prompt_logprobs is not None:
                 parent.prompt_logprobs = out.prompt_logprobs
             parent.num_cached_tokens = max(parent.num_cached_tokens, out.num_cached_tokens)
+            parent.error = parent.error or out.error
             if sample.add(out) and not out.finished:
                 to_abort.append(out.request_id)
             touched[parent.request_id] = parent
@@ -213,6 +215,8 @@ class OutputProcessor:
             metrics=parent.metrics,
             prompt_logprobs=parent.prompt_logprobs,
             num_cached_tokens=parent.num_cached_tokens,
+            error_code=200 if parent.error is None else 502,
+            error_msg=parent.error,
         )
 
     @property

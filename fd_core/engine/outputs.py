@@ -51,6 +51,9 @@ class EngineCoreOutput:
     # speculative decoding, this step: draft tokens verified and of them accepted
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # the request failed outside the model (its KV transfer, fd_core.disagg): the reason; the
+    # finish_reason is "abort" and the API answers an error (502) rather than an empty completion
+    error: str | None = None
     events: dict[str, float] = field(default_factory=dict)  # "scheduled"/"first_token"/"finished" -> time
     # prefill/decode disaggregation (fd_core.disagg), on the output with the first token: KV bytes
     # received from the prefill instance for this request, and the transfer's seconds (task sent -> KV
@@ -229,7 +232,9 @@ class RequestOutput:
     ``outputs`` is always a ``CompletionOutputs`` (a plain list given here is
     wrapped). ``error_code``/``error_msg`` are FastDeploy's fields: a prompt
     the engine cannot serve is refused when it is added (``LLM.generate``
-    raises naming its index), so a returned output is 200 / None.
+    raises naming its index), so a returned output is 200 / None, except a
+    request that failed outside the model (a prefill instance's KV transfer,
+    ``fd_core.disagg``): 502 and the reason (the API answers it as an error).
     """
 
     request_id: str

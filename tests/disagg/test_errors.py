@@ -26,6 +26,7 @@ def _decode(model_dir, ports: str, **overrides) -> LLM:
 def _failed(out) -> str:
     sample = out.outputs[0]
     assert sample.finish_reason == "abort" and not sample.token_ids
+    assert out.error_code == 502 and out.error_msg == str(sample.stop_reason)  # FastDeploy's error fields
     return str(sample.stop_reason)
 
 

@@ -66,8 +66,10 @@ def test_a_prefill_and_a_decode_instance_answer_as_one_mixed_instance(checkpoint
         dead = f"127.0.0.1:{free_port()}"
         body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 4}
         r = httpx.post(decode.url + "/v1/completions", json=body, headers={"x-fd-prefill-addr": dead}, timeout=60)
-        choice = r.json()["choices"][0]
-        assert choice["finish_reason"] == "abort" and f"prefill instance {dead} did not answer" in choice["stop_reason"]
+        assert r.status_code == 502 and f"prefill instance {dead} did not answer" in r.json()["error"]["message"], r.text
+        with httpx.stream("POST", decode.url + "/v1/completions", json={**body, "stream": True}, timeout=60,
+                          headers={"x-fd-prefill-addr": dead}) as resp:  # before any byte: an error, not a stream
+            assert resp.status_code == 502 and "did not answer" in resp.read().decode()
         r = httpx.post(decode.url + "/v1/completions", json=body, headers={"x-fd-prefill-addr": "nowhere"}, timeout=60)
         assert r.status_code == 400 and "x-fd-prefill-addr must be host:port" in r.text
         r = httpx.post(decode.url + "/v1/completions", json=body, timeout=60,

@@ -194,8 +194,13 @@ class OpenAIServing:
         that waited too long for a slot."""
         try:
             if self.max_waiting_time is None:
-                return await stream.__anext__()
-            return await asyncio.wait_for(stream.__anext__(), self.max_waiting_time)
+                first = await stream.__anext__()
+            else:
+                first = await asyncio.wait_for(stream.__anext__(), self.max_waiting_time)
+            if first.error_code != 200:  # failed before its first token (a prefill instance's KV transfer)
+                await stream.aclose()  # type: ignore[attr-defined]
+                raise OpenAIError(first.error_msg or "the request failed", first.error_code)
+            return first
         except RequestError as exc:
             await stream.aclose()  # type: ignore[attr-defined]
             raise OpenAIError(str(exc), 400) from None
