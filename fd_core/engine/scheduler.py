@@ -176,12 +176,7 @@ class Scheduler:
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = num_computed_tokens
         self.kv_cache_manager.cache_blocks(req, num_computed_tokens)
-        new_token_ids = []
-        for token_id in token_ids:
-            req.append_output_token_id(token_id)
-            new_token_ids.append(token_id)
-            if self._check_stop(req):
-                break
+        new_token_ids = self._append_tokens(req, token_ids)
         if req.is_finished:
             self._free_finished(req)
         else:
@@ -322,12 +317,7 @@ class Scheduler:
                                      f"{s.num_draft_tokens} drafts (at most drafts + 1)")
             # the KV of rejected drafts is not counted: the next step overwrites it
             req.num_computed_tokens += s.num_tokens - num_rejected
-            new_token_ids = []
-            for token_id in token_ids:
-                req.append_output_token_id(token_id)
-                new_token_ids.append(token_id)
-                if self._check_stop(req):
-                    break
+            new_token_ids = self._append_tokens(req, token_ids)
             # a stop among accepted drafts: the tokens after it were never emitted
             req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
             kv.cache_blocks(req, req.num_computed_tokens)  # verified tokens only
@@ -424,6 +414,17 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
         logger.debug("preempted %s after %d outputs", req.request_id, req.num_output_tokens)
+
+    def _append_tokens(self, req: Request, token_ids: list[int]) -> list[int]:
+        """Append ``token_ids`` to ``req`` one by one, up to and including one that stops it;
+        returns those appended (the tokens after a stop are never emitted)."""
+        appended = []
+        for token_id in token_ids:
+            req.append_output_token_id(token_id)
+            appended.append(token_id)
+            if self._check_stop(req):
+                break
+        return appended
 
     def _check_stop(self, req: Request) -> bool:
         """Set a final status if the last output token ends the request. EOS

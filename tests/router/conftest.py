@@ -9,6 +9,7 @@ import pytest
 
 from fd_core.router.app import build_app
 from fd_core.router.config import RouterConfig
+from tests.cluster.conftest import redis_server  # noqa: F401  (a real redis-server, for discovery)
 from tests.router.fakes import FakeInstance, ServerThread
 
 FAST = dict(health_check_interval_secs=0.05, health_check_timeout_secs=2.0, load_poll_interval_secs=0.05,
@@ -40,17 +41,4 @@ def router() -> Iterator[Any]:
 
     yield make
     for server in made:
-        server.stop()
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    from tests.cluster.redis_server import REDIS_SERVER, RedisServer
-
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed (Debian: apt-get install -y redis-server)")
-    server = RedisServer(tmp_path)
-    try:
-        yield server
-    finally:
         server.stop()
