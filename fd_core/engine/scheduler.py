@@ -415,7 +415,7 @@ class Scheduler:
         self.waiting.appendleft(req)
         logger.debug("preempted %s after %d outputs", req.request_id, req.num_output_tokens)
 
-    def _append_tokens(self, req: Request, token_ids: list[int]) -> list[int]:
+    def _append_tokens(self, req: Request, token_ids: Sequence[int]) -> list[int]:
         """Append ``token_ids`` to ``req`` one by one, up to and including one that stops it;
         returns those appended (the tokens after a stop are never emitted)."""
         appended = []
