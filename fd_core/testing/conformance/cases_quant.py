@@ -1,4 +1,4 @@
-"""The quantization methods of issue 22 (``block_wise_fp8``, ``w4a8``, ``wint2``) at
+"""The quantization methods of issue 22 (``block_wise_fp8``, ``w4a8``, ``wint2``, ``w4a8_static``) at
 their edges: partial 128-blocks and groups, one activation group far larger
 than the rest of its token (per-group vs per-token scales), a zero token.
 Each method runs only where the backend lists it in its capabilities; the
@@ -75,3 +75,33 @@ def test_wint2_linear(conformance: Harness, tokens: int, d_in: int, d_out: int) 
                   quant=replace_tensors(quant, lambda t: t.to(fd.place)))
     fd.assert_close("linear", f"wint2: x[{tokens}, {d_in}] @ W[{d_in}, {d_out}] dtype={fd.dtype}", got, want,
                     fd.tol())
+
+
+@pytest.mark.parametrize("tokens,d_in,d_out", [(1, 128, 64), (9, 256, 130), (37, 384, 257)])
+def test_w4a8_static_linear(conformance: Harness, tokens: int, d_in: int, d_out: int) -> None:
+    """FastDeploy's offline W4A8C8 experts (``w4a8_static``: int4 codes per channel,
+    one static activation max per matrix; from offline checkpoints only): some
+    activations past the static max (clipped to +-127), a zero token; a backend
+    without a kernel for it is answered by the reference."""
+    from fd_core._paddle import import_paddle
+    from fd_core.ops.linear import QuantizedWeight
+    from fd_core.quantization.wint import quantize_int4
+
+    paddle = import_paddle()
+    fd = conformance
+    rng = case_rng("w4a8_static", tokens, d_in, d_out)
+    x = rng.normal(0, 1, (tokens, d_in)).astype(np.float32)
+    x[0, :8] *= 6.0  # beyond the calibrated max: clipped codes
+    if tokens > 2:
+        x[2] = 0.0
+    x = fd.rounded(x)
+    packed, w_scale = quantize_int4(rng.normal(0, d_in**-0.5, (d_in, d_out)).astype(np.float32), group_size=-1)
+    act_max = np.float32(3.0)  # a calibration max below some of x's values
+    scales = np.stack([w_scale[:, 0], np.full(d_out, act_max, np.float32)], axis=1).astype(np.float32)
+    with fd.on_host():
+        quant = QuantizedWeight("w4a8_static", paddle.to_tensor(packed), paddle.to_tensor(scales), d_in, d_out, -1)
+    want = fd.call_reference("linear", x=fd.host(x), weight=None, bias=None, quant=quant)
+    got = fd.call("linear", x=fd.device(x), weight=None, bias=None,
+                  quant=replace_tensors(quant, lambda t: t.to(fd.place)))
+    fd.assert_close("linear", f"w4a8_static: x[{tokens}, {d_in}] @ W[{d_in}, {d_out}] dtype={fd.dtype}", got,
+                    want, fd.tol())
