@@ -11,7 +11,7 @@ each API worker of ``--workers N`` an instance of its own). The engine
 core knows nothing of this: ``GlobalSchedulerClient`` wraps the instance's
 ``EngineClient``. Prefill/decode disaggregation and the router come later.
 
-May import: fd_core.engine, fd_core.sampling, fd_core.errors, fd_core.flags.
+May import: fd_core.engine, fd_core.sampling, fd_core.errors, fd_core.flags, fd_core.safe_pickle.
 """
 
 from fd_core.cluster.config import GlobalSchedulerConfig, scheduler_config_from

@@ -18,31 +18,20 @@ the request instead of streaming a hole.
 
 from __future__ import annotations
 
-import builtins
-import io
 import pickle
 from dataclasses import dataclass
 from typing import Any
 
+from fd_core.safe_pickle import restricted_loads
+
 __all__ = ["Result", "decode_request", "decode_result", "encode_error", "encode_output", "encode_request",
            "ticket_of", "request_id_of"]
 
-_SAFE_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "int", "float", "str", "bytes", "bool",
-                  "complex", "slice", "range"}
 _SAFE_MODULES = ("fd_core.engine.outputs", "fd_core.sampling.params", "fd_core.engine.client")
 
 
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "builtins" and name in _SAFE_BUILTINS:
-            return getattr(builtins, name)
-        if module in _SAFE_MODULES or module.startswith("fd_core.sampling."):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from Redis")
-
-
 def _loads(data: bytes) -> Any:
-    return _Unpickler(io.BytesIO(data)).load()
+    return restricted_loads(data, _SAFE_MODULES, ("fd_core.sampling.",), "Redis")
 
 
 def _dumps(value: Any) -> bytes:

@@ -19,7 +19,7 @@ The engine core knows nothing of this beyond three small scheduler entry
 points (``hold_request``, ``admit_prefilled``, ``last_output``).
 
 May import: fd_core.engine, fd_core.sampling, fd_core.ops, fd_core.plugins, fd_core.errors,
-fd_core.envs, fd_core._paddle.
+fd_core.envs, fd_core._paddle, fd_core.safe_pickle.
 """
 
 from fd_core.disagg.config import ROLES, DisaggConfig, disagg_config_from

@@ -15,16 +15,15 @@ The checks name the field and both values (``check_fingerprint``,
 
 from __future__ import annotations
 
-import builtins
-import io
 import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
+from fd_core.safe_pickle import restricted_loads
+
 __all__ = ["ModelFingerprint", "PrefillReply", "PrefillTask", "TransferError", "check_fingerprint",
            "check_frames", "dumps", "loads"]
 
-_SAFE_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "int", "float", "str", "bytes", "bool"}
 
 
 class TransferError(RuntimeError):
@@ -79,15 +78,6 @@ class PrefillReply:
     prefill_seconds: float = 0.0  # task received -> first token sampled (queue + compute), on the prefill side
 
 
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "builtins" and name in _SAFE_BUILTINS:
-            return getattr(builtins, name)
-        if module in ("fd_core.disagg.wire", "fd_core.engine.outputs") or module.startswith("fd_core.sampling."):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a KV-transfer peer")
-
-
 def dumps(value: Any) -> bytes:
     return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -95,9 +85,10 @@ def dumps(value: Any) -> bytes:
 def loads(data: bytes, expected: type) -> Any:
     """Read one header frame; TransferError when it is not a ``expected``."""
     try:
-        value = _Unpickler(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
-        raise TransferError(f"unreadable KV-transfer message: {exc}") from None
+        value = restricted_loads(data, ("fd_core.disagg.wire", "fd_core.engine.outputs"), ("fd_core.sampling.",),
+                                 "a KV-transfer peer")
+    except Exception as exc:  # a forged or truncated frame fails the request, never the engine
+        raise TransferError(f"unreadable KV-transfer message: {type(exc).__name__}: {exc}") from None
     if not isinstance(value, expected):
         raise TransferError(f"expected a {expected.__name__} from the KV-transfer peer, got {type(value).__name__}")
     return value

@@ -13,6 +13,7 @@ from fd_core.disagg.transport import TcpTransport, transport_for
 from fd_core.disagg.wire import (
     ModelFingerprint,
     PrefillReply,
+    PrefillTask,
     TransferError,
     check_fingerprint,
     check_frames,
@@ -100,3 +101,25 @@ def test_a_peer_cannot_make_the_reader_run_code():
     assert loads(dumps(PrefillReply("r", error="boom")), PrefillReply).error == "boom"
     with pytest.raises(TransferError, match="refusing to load os.system"):
         loads(b"cos\nsystem\n(S'true'\ntR.", PrefillReply)  # os.system("true"), pickled
+
+
+def _global_call(module: str, name: str, arg: str) -> bytes:
+    """A protocol-4 frame calling ``module``'s attribute path ``name`` with ``arg``
+    (STACK_GLOBAL resolves a dotted name attribute by attribute)."""
+    out = b"\x80\x04"
+    for text in (module, name):
+        raw = text.encode()
+        out += b"\x8c" + bytes([len(raw)]) + raw  # SHORT_BINUNICODE
+    raw = arg.encode()
+    return out + b"\x93" + b"\x8c" + bytes([len(raw)]) + raw + b"\x85R."  # STACK_GLOBAL, TUPLE1, REDUCE
+
+
+def test_a_dotted_name_through_an_allowed_module_cannot_reach_os(tmp_path):
+    """``fd_core.sampling.sampler`` imports ``envs``, which imports ``os``: the name
+    ``envs.os.system`` would reach it were dotted names followed."""
+    marker = tmp_path / "ran"
+    for module, name in [("fd_core.sampling.sampler", "envs.os.system"), ("fd_core.sampling.no_such_module", "X"),
+                         ("fd_core.engine.outputs", "field")]:  # a function, not a data class
+        with pytest.raises(TransferError, match="unreadable KV-transfer message"):
+            loads(_global_call(module, name, f"touch {marker}"), PrefillTask)
+    assert not marker.exists()
