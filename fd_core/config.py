@@ -219,6 +219,13 @@ class EngineArgs:
                 f"--speculative-config method 'mtp' with --tensor-parallel-size {self.tensor_parallel_size}: "
                 "the MTP drafter runs on one device; use --tensor-parallel-size 1 or method 'ngram' / 'suffix'"
             )
+        role = (self.splitwise_role or "mixed").strip().lower()
+        if spec is not None and spec.method == "mtp" and role != "mixed":
+            raise UnsupportedFeatureError(
+                f"--speculative-config method 'mtp' with --splitwise-role {role}: the MTP block's KV layer is not "
+                "computed by the prefill side nor carried by the KV transfer yet; use method 'ngram' / 'suffix' "
+                "or --splitwise-role mixed"
+            )
 
     def _check_logits_processor_modules(self) -> None:
         """Each --logits-processors module exists (found, not imported: the API

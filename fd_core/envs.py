@@ -132,6 +132,10 @@ VARIABLES: dict[str, tuple[Callable[[str | None], Any], str]] = {
                        "carries the step messages to the other hosts); default 8190"),
     "FD_PD_TRANSFER_TIMEOUT": (_float(60.0), "seconds a decode instance waits for a prefill instance's KV "
                                "before the request fails naming it (--splitwise-role decode); default 60"),
+    "FD_PD_ALLOWED_PREFILL_ADDRS": (_str(None), "host:port list of prefill instances a decode instance may "
+                                    "take KV from when a request's x-fd-prefill-addr header names one, beyond "
+                                    "its --innode-prefill-ports ('*': any; for fd-router deployments on a "
+                                    "private network); default: none beyond them"),
     "FD_NODE_RANK": (_int(None, 0), "--ips: this host's position in the list; default: found from this "
                      "host's addresses"),
     # the raw text: the CLI splits it on commas (each key works, like --api-key repeated)

@@ -36,6 +36,13 @@ class DisaggConfig:
     prefill_addrs: tuple[str, ...] = ()  # decode: "host:port" of the prefill instances it may use
     protocols: tuple[str, ...] = (BUILTIN_PROTOCOL,)  # in order of preference
     timeout_s: float = 60.0  # a transfer not answered by then fails its request (FD_PD_TRANSFER_TIMEOUT)
+    # decode: addresses x-fd-prefill-addr may name beyond prefill_addrs (FD_PD_ALLOWED_PREFILL_ADDRS;
+    # "*" any): a prefill instance's KV lands in the prefix cache, so it must be one this instance trusts
+    extra_allowed: tuple[str, ...] = ()
+
+    def allows(self, addr: str) -> bool:
+        """Whether a request may have ``addr`` prefill it (``x-fd-prefill-addr``)."""
+        return addr in self.prefill_addrs or "*" in self.extra_allowed or addr in self.extra_allowed
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
@@ -72,7 +79,7 @@ def parse_addresses(value: Any, flag: str = "--innode-prefill-ports") -> tuple[s
     return tuple(p if ":" in p else f"127.0.0.1:{p}" for p in _ports(value, flag))
 
 
-def disagg_config_from(args: Any, timeout_s: float = 60.0) -> DisaggConfig | None:
+def disagg_config_from(args: Any, timeout_s: float = 60.0, allowed: str | None = None) -> DisaggConfig | None:
     """The DisaggConfig of EngineArgs ``args``; None for ``--splitwise-role mixed``.
     Raises ValueError naming a bad flag value (UnsupportedFeatureError: with tensor parallelism)."""
     role = (getattr(args, "splitwise_role", None) or "mixed").strip().lower()
@@ -99,7 +106,8 @@ def disagg_config_from(args: Any, timeout_s: float = 60.0) -> DisaggConfig | Non
         listen = tuple(local + remote)
     else:
         prefill = parse_addresses(getattr(args, "innode_prefill_ports", None))
-    return DisaggConfig(role, listen, prefill, protocols, timeout_s)
+    extra = ("*",) if (allowed or "").strip() == "*" else parse_addresses(allowed, "FD_PD_ALLOWED_PREFILL_ADDRS")
+    return DisaggConfig(role, listen, prefill, protocols, timeout_s, extra)
 
 
 def advertised_address(args: Any, host: str | None) -> str | None:

@@ -57,6 +57,7 @@ class _Transfer:
     request_id: str
     task: PrefillTask
     block_ids: list[int]  # the request's whole table: held hits, then the blocks to fill
+    request: Any = None  # the scheduler's Request it was reserved for (an id may be reused after an abort)
     peer: str = ""
     sent: float = 0.0
     reply: list[bytes] = field(default_factory=list)
@@ -128,8 +129,15 @@ class DecodeEngine:
         request.num_cached_tokens = num_hit
         task, addr = self._tasks.pop(request.request_id)
         task.held_block_hashes = list(request.block_hashes[: len(hits)])
-        transfer = _Transfer(request.request_id, task, block_ids, peer=addr or self._choose())
+        transfer = _Transfer(request.request_id, task, block_ids, request, peer=addr or self._choose())
         self._in_flight[transfer.peer] = self._in_flight.get(transfer.peer, 0) + 1
+        if addr and not self.config.allows(addr):  # its KV would enter the prefix cache: only trusted peers
+            transfer.error = (f"x-fd-prefill-addr names {addr}, which is not one of this decode instance's "
+                              f"prefill instances ({', '.join(self.config.prefill_addrs)}); "
+                              "FD_PD_ALLOWED_PREFILL_ADDRS adds addresses ('*': any)")
+            self._done.put(transfer)
+            os.write(self._wake_w, b"d")
+            return True
         self._pool.submit(self._send, transfer)
         return True
 
@@ -152,7 +160,9 @@ class DecodeEngine:
         os.write(self._wake_w, b"d")
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.core.has_unfinished_requests() or self._ready)
+        # a landed transfer (even an aborted request's) must be taken off _done by step(),
+        # which also drains the wake pipe the engine loop polls
+        return bool(self.core.has_unfinished_requests() or self._ready or not self._done.empty())
 
     def abort(self, request_ids: list[str], *args: Any, **kwargs: Any) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
@@ -202,16 +212,18 @@ class DecodeEngine:
     def _admit(self, transfer: _Transfer) -> EngineCoreOutput | None:
         rid = transfer.request_id
         scheduler = self.core.scheduler
-        if scheduler.get_request(rid) is None:
-            return None  # aborted meanwhile: its blocks went back then
+        if scheduler.get_request(rid) is not transfer.request or not scheduler.is_held(rid):
+            return None  # aborted meanwhile (its blocks went back then), perhaps resent under the same id
         try:
             reply, kv_frames = self._check(transfer)
             import_blocks(self.core, transfer.block_ids[reply.first_block:], kv_frames)
-        except TransferError as exc:
+        except Exception as exc:  # noqa: BLE001 - a bad reply fails its request, never the engine
             self.num_failed += 1
-            logger.warning("request %s: %s", rid, exc)
+            why = str(exc) if isinstance(exc, TransferError) else \
+                f"KV transfer from {transfer.peer} failed: {type(exc).__name__}: {exc}"
+            logger.warning("request %s: %s", rid, why)
             self.core.abort([rid])
-            return EngineCoreOutput(rid, [], finish_reason="abort", stop_reason=str(exc), error=str(exc))
+            return EngineCoreOutput(rid, [], finish_reason="abort", stop_reason=why, error=why)
         nbytes = sum(len(f) for f in kv_frames)
         self.kv_bytes_received += nbytes
         self.num_transfers += 1

@@ -18,7 +18,8 @@ __all__ = ["disaggregate"]
 
 def disaggregate(core: Any, args: Any) -> Any:
     """``core``, or its prefill/decode wrapper; ValueError naming a bad flag."""
-    config = disagg_config_from(args, timeout_s=float(envs.get("FD_PD_TRANSFER_TIMEOUT")))
+    config = disagg_config_from(args, timeout_s=float(envs.get("FD_PD_TRANSFER_TIMEOUT")),
+                                allowed=envs.get("FD_PD_ALLOWED_PREFILL_ADDRS"))
     if config is None:
         return core
     if config.role == "prefill":

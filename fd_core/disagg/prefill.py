@@ -130,9 +130,10 @@ class PrefillEngine:
             self.core.add_request(EngineCoreRequest(
                 rid, list(task.prompt_token_ids), params, list(task.eos_token_ids),
                 bad_words_token_ids=list(task.bad_words_token_ids), cache_salt=task.cache_salt))
-        except (TransferError, ValueError, TypeError, AttributeError) as exc:
-            request_id = task.request_id if task is not None else "?"
-            reply([dumps(PrefillReply(request_id, error=f"prefill instance refused the task: {exc}"))])
+        except Exception as exc:  # noqa: BLE001 - a malformed task fails itself, never the engine
+            request_id = getattr(task, "request_id", "?")
+            reply([dumps(PrefillReply(str(request_id), error=f"prefill instance refused the task: "
+                                                             f"{type(exc).__name__}: {exc}"))])
             return
         self.num_tasks += 1
         self._jobs[rid] = _Job(task, reply, received, self.core.scheduler.get_request(rid))

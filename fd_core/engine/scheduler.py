@@ -154,6 +154,10 @@ class Scheduler:
 
     # -- prefilled elsewhere (prefill/decode disaggregation, fd_core.disagg) ----
 
+    def is_held(self, request_id: str) -> bool:
+        """Whether ``request_id`` waits for its prompt's KV from elsewhere (``hold_request``)."""
+        return request_id in self._held
+
     def hold_request(self, request_id: str) -> Request:
         """Take a just-added waiting request out of the queue while its prompt's KV
         is computed by another instance; it stays unfinished (``finish_requests``

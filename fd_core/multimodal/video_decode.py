@@ -65,9 +65,10 @@ def decode_video(source: bytes | bytearray | Path | str, sample: Callable[[int, 
             raise VideoError(f"{what}: frames of {width}x{height} pixels are too large: at most {max_pixels} pixels")
         fps = float(stream.average_rate) if stream.average_rate else 24.0
         total = int(stream.frames or 0)
-        if total == 0:  # the container does not say: count by decoding
+        if total == 0:  # the container does not say: count by decoding, then read it again from the start
             total = sum(1 for _ in _frames(container, what, max_frames))
-            container.seek(0)
+            container.close()
+            container, what = _open(source)  # a raw stream cannot seek back; reopening works for any
         if total == 0:
             raise VideoError(f"{what} holds no frames")
         if total > max_frames:

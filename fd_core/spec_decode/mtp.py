@@ -206,6 +206,11 @@ class MtpProposer(Proposer):
             w = self._room(kv, req, want[i], start + n)
             if w > 1:
                 chain.append((rid, req, start + n, int(last[i]), w))
+        # a slot just allocated may have evicted a cached block whose copy to the host tier
+        # (--swap-space) is still due: copy it now, before the chain writes into the block
+        swap_out, swap_in = kv.take_swap_ops()
+        if swap_out or swap_in:
+            self.runner.apply_swaps(swap_out, swap_in)
         for j in range(1, max((c[4] for c in chain), default=1)):
             chain = [c for c in chain if c[4] > j]
             meta = AttentionMetadata.build([1] * len(chain), [pos + j for _, _, pos, _, _ in chain],

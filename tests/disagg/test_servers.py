@@ -37,6 +37,8 @@ def _complete(url: str, prompt: str, stream: bool) -> tuple[str, dict]:
 def test_a_prefill_and_a_decode_instance_answer_as_one_mixed_instance(checkpoint_factory, tmp_path, monkeypatch):
     model = checkpoint_factory("tiny-dense", "pytorch")
     monkeypatch.setenv("FD_PD_TRANSFER_TIMEOUT", "2")
+    dead = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("FD_PD_ALLOWED_PREFILL_ADDRS", dead)  # a header may name it, beyond --innode-prefill-ports
     queue_port = free_port()
     prefill = Server(tiny_server_args(model, "--engine-worker-queue-port", str(queue_port),
                                       "--cache-queue-port", str(free_port()), "--splitwise-role", "prefill"),
@@ -63,13 +65,16 @@ def test_a_prefill_and_a_decode_instance_answer_as_one_mixed_instance(checkpoint
         assert gauge(decode, METRIC_PREFIX + "kv_transfer_bytes_total") > 0
         assert gauge(mixed, METRIC_PREFIX + "kv_transfer_bytes_total") == 0
         # the router's choice of prefill instance: a dead one fails the request naming it, in 2 s
-        dead = f"127.0.0.1:{free_port()}"
         body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 4}
         r = httpx.post(decode.url + "/v1/completions", json=body, headers={"x-fd-prefill-addr": dead}, timeout=60)
         assert r.status_code == 502 and f"prefill instance {dead} did not answer" in r.json()["error"]["message"], r.text
         with httpx.stream("POST", decode.url + "/v1/completions", json={**body, "stream": True}, timeout=60,
                           headers={"x-fd-prefill-addr": dead}) as resp:  # before any byte: an error, not a stream
             assert resp.status_code == 502 and "did not answer" in resp.read().decode()
+        # an address neither in --innode-prefill-ports nor allowed: refused, its KV never taken
+        stranger = f"127.0.0.1:{free_port()}"
+        r = httpx.post(decode.url + "/v1/completions", json=body, headers={"x-fd-prefill-addr": stranger}, timeout=60)
+        assert r.status_code == 502 and "is not one of this decode instance's prefill instances" in r.text, r.text
         r = httpx.post(decode.url + "/v1/completions", json=body, headers={"x-fd-prefill-addr": "nowhere"}, timeout=60)
         assert r.status_code == 400 and "x-fd-prefill-addr must be host:port" in r.text
         r = httpx.post(decode.url + "/v1/completions", json=body, timeout=60,

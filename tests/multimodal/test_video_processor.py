@@ -179,3 +179,25 @@ def test_the_api_process_decodes_video_without_torch_or_paddle(tmp_path):
             "print(v.grid_thw, 'torch' in sys.modules, 'paddle' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[-2] == "(4, 4, 6) False False", out.stdout + out.stderr
+
+
+def test_a_raw_stream_without_a_frame_count_is_read_twice_by_reopening():
+    """A raw H.264 elementary stream has no frame count and cannot seek back: the frames are
+    counted by decoding, and the stream is opened again (it used to be a 500 from av's seek)."""
+    av = pytest.importorskip("av")
+    import io
+
+    from fd_core.multimodal.video_decode import decode_video
+    from tests.multimodal.video_helpers import frames_array
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="h264") as container:
+        stream = container.add_stream("libx264" if "libx264" in av.codecs_available else "h264", rate=4)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        for frame in frames_array(6, 96, 64):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    video = decode_video(buf.getvalue(), lambda total, fps: list(range(total)))
+    assert video.frames.shape == (6, 64, 96, 3)
