@@ -65,6 +65,10 @@ def tie_lm_head(lm_head: Linear, embed_tokens: Param) -> None:
         if table.dtype != paddle.float32:  # 16-bit table: the quantizer takes fp32 (numpy has no bf16)
             table = table.astype("float32")
         lm_head.weight.set((as_array(table) if on_host(table) else table.numpy()).T)
+    elif getattr(lm_head.weight, "pinned", False) and lm_head.weight.dtype == "float32" \
+            and table.dtype != paddle.float32:
+        # --lm_head-fp32 under a 16-bit --dtype: the head is its own fp32 copy of the (rounded) table
+        lm_head.weight.set(table.astype("float32").t().contiguous())
     else:
         lm_head.weight.set(table.t().contiguous())
         if table.dtype != paddle.float16 and len(table.shape) == 2:

@@ -121,8 +121,8 @@ def _use_dtype(model: Any, dtype: str) -> None:
 def _keep_lm_head_fp32(model: Any) -> None:
     """``--lm_head-fp32``: the LM head's weight stays fp32 whatever ``--dtype``
     (FastDeploy's ``ParallelLMHead`` dtype ``float32``). A head tied to the
-    embeddings is filled from the table after loading (``tie_lm_head``), in
-    the table's dtype; a quantized head (``lm_head_quant_type``) is refused
+    embeddings is filled from the table after loading (``tie_lm_head``): an fp32
+    copy of the table as ``--dtype`` stored it; a quantized head (``lm_head_quant_type``) is refused
     beside the flag earlier (``parse_quantization``)."""
     head = getattr(getattr(model, "lm_head", None), "weight", None)
     if head is not None and getattr(head, "method", None) is None and hasattr(head, "pinned"):

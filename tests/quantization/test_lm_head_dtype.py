@@ -39,3 +39,13 @@ def test_the_engine_passes_the_flag(checkpoint_factory):
     llm = LLM(str(_untied(checkpoint_factory)), backend="cpu", dtype="bfloat16", lm_head_fp32=True,
               max_model_len=64, num_gpu_blocks_override=8, block_size=16)
     assert llm.engine.core.runner.model.lm_head.weight.data.dtype == paddle.float32
+
+
+def test_lm_head_fp32_makes_a_tied_head_an_fp32_copy(cpu_backend, checkpoint_factory):
+    """A head tied to the embeddings (the ERNIE 0.3B's) under --dtype bfloat16: the flag gives
+    it its own fp32 copy of the table as stored (bf16-rounded values), the table stays bf16."""
+    model_dir = checkpoint_factory("tiny-dense", "paddle", dtype="float32")
+    model = load_model(model_dir, cpu_backend.ops, quantization=None, dtype="bfloat16", lm_head_fp32=True)
+    head, table = model.lm_head.weight.data, model.embed_tokens.data
+    assert model.config.tie_word_embeddings and head.dtype == paddle.float32 and table.dtype == paddle.bfloat16
+    np.testing.assert_array_equal(head.numpy(), table.astype("float32").numpy().T)
