@@ -76,6 +76,15 @@ class Ops:
         self._fd_communicator = resolve(hooks.fd_communicator)
         # no plugin fuses layers (the reference alone): skip the hook call per layer
         self._fuses_layers = fuse_layers and bool(hooks.fd_decoder_layers.get_hookimpls())
+        # runs ending with an attention-only layer (a MoE layer's attention half, added after
+        # API_VERSION 1) go only to plugins that declare FD_DECODER_LAYERS_ATTENTION_ONLY = True:
+        # a kernel written before that contract would not know to decline them
+        older = [impl.plugin for impl in hooks.fd_decoder_layers.get_hookimpls()
+                 if not getattr(impl.plugin, "FD_DECODER_LAYERS_ATTENTION_ONLY", False)]
+        self._fd_decoder_layers_attention_only = (
+            resolve(pm.subset_hook_caller("fd_decoder_layers", remove_plugins=older)) if older
+            else self._fd_decoder_layers)
+        self._fuses_attention_only = fuse_layers and len(older) < len(hooks.fd_decoder_layers.get_hookimpls())
 
     def implementers(self, op: str) -> list[str]:
         """The plugins that may answer ``op`` (e.g. ``"linear"``), in the
@@ -157,8 +166,10 @@ class Ops:
         """A run of dense decoder layers (the last may be attention only)
         -> ``(hidden, residual)``: the backend's fused kernel when it answers,
         else the unfused hooks layer by layer (see the hookspec)."""
-        if self._fuses_layers:
-            fused = self._fd_decoder_layers(
+        attention_only = bool(layers) and getattr(layers[-1], "attention_only", False)
+        if self._fuses_attention_only if attention_only else self._fuses_layers:
+            call = self._fd_decoder_layers_attention_only if attention_only else self._fd_decoder_layers
+            fused = call(
                 layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
                 k_caches=k_caches, v_caches=v_caches,
             )

@@ -140,3 +140,25 @@ def test_the_model_runs_consecutive_dense_layers_together() -> None:
     assert kinds == [True, True, False, False, False, False, True, True]
     # a MoE layer's attention half joins the dense run before it
     assert model._runs == [(0, 3), (3, 4), (4, 5), (5, 6), (6, 8)]
+
+
+class _FusedAttentionOnly(_Fused):
+    FD_DECODER_LAYERS_ATTENTION_ONLY = True  # declares it takes (or declines) attention-only runs
+
+
+def test_attention_only_runs_go_only_to_plugins_that_declare_them() -> None:
+    """A run ending with a MoE layer's attention half (a contract newer than API_VERSION 1) is
+    not handed to a fused kernel that does not declare it knows to decline one: the reference
+    composes it; a declaring plugin is asked."""
+    rng = np.random.default_rng(2)
+    layer, (hidden, cos_sin, meta, k, v) = _layer(rng), _step(rng)
+    attention = replace(layer, up_gate=None, down=None)
+    sentinel = (paddle.zeros([2, D]), paddle.ones([2, D]))
+    older = _Fused(sentinel)
+    ops = Ops(make_plugin_manager(cpu, older), "older")
+    out = ops.decoder_layers([attention], hidden, None, cos_sin, meta, [k], [v])
+    assert out is not sentinel and older.calls == 0
+    assert ops.decoder_layers([layer], hidden, None, cos_sin, meta, [k], [v]) is sentinel and older.calls == 1
+    newer = _FusedAttentionOnly(sentinel)
+    ops = Ops(make_plugin_manager(cpu, newer), "newer")
+    assert ops.decoder_layers([attention], hidden, None, cos_sin, meta, [k], [v]) is sentinel and newer.calls == 1
