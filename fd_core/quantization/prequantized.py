@@ -115,6 +115,12 @@ class PrequantizedParam(Param):
     def fill_raw(self, array: np.ndarray, src: str, index: tuple[Any, ...]) -> None:
         """One stored tensor (``src``: its safetensors dtype) for ``index = (suffix, expert)``."""
         suffix, expert = index
+        codes = suffix == "quant_weight" or (self.method == "wint2" and suffix == "weight_scale")
+        allowed = ("I8", "U8", "F8_E4M3", "int8", "uint8") if codes else tuple(_FLOAT_SRC)
+        if src not in allowed:  # a corrupt or foreign checkpoint: never cast codes from floats
+            raise ValueError(f"{self.name}.{suffix}: stored as {src}, expected "
+                             f"{'int8 / uint8 / float8_e4m3 codes' if codes else 'a float tensor (scales)'} "
+                             f"for {self.method}")
         value = cast_host(array, _FLOAT_SRC[src], "float32") if src in _FLOAT_SRC else np.array(array)
         self._got[(suffix, int(expert))] = value
 

@@ -244,3 +244,18 @@ def test_backend_without_the_stored_methods_refuses_naming_it(offline, monkeypat
     with pytest.raises(UnsupportedFeatureError, match="offline-quantized checkpoint .*backend 'cpu' cannot run its "
                                                       "stored wint2"):
         LLM(str(ck), backend="cpu", max_model_len=128, num_gpu_blocks_override=32, block_size=16)
+
+
+def test_codes_stored_as_floats_are_refused_naming_the_tensor(cpu_backend, tmp_path):
+    """A corrupt (or foreign) checkpoint whose code tensor is float: never cast into codes."""
+    from safetensors.numpy import load_file, save_file
+
+    out = generate_offline_checkpoint(tmp_path / "w", "w4a8c8", "tiny-moe", seed=1)
+    path = Path(out[1] if isinstance(out, tuple) else out)
+    shard = sorted(path.glob("*.safetensors"))[0]
+    tensors = load_file(str(shard))
+    name = next(n for n in tensors if n.endswith("qkv_proj.quant_weight"))
+    tensors[name] = tensors[name].astype(np.float32) * 3.3
+    save_file(tensors, str(shard), metadata={"format": "np"})
+    with pytest.raises(ValueError, match=r"qkv_proj\.quant_weight: stored as float32, expected int8 / uint8"):
+        load_model(path, cpu_backend.ops)
