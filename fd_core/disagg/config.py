@@ -74,6 +74,16 @@ def _ports(value: Any, flag: str) -> list[str]:
     return out
 
 
+def _one_port(value: Any, flag: str) -> list[str]:
+    """A port flag that takes one value here (FastDeploy lists one per data-parallel rank,
+    which a prefill instance does not have): several are refused, naming them."""
+    ports = _ports(value, flag)
+    if len(ports) > 1:
+        raise ValueError(f"{flag}: one port per prefill instance, got {', '.join(ports)} (a list is one port per "
+                         "data-parallel rank in FastDeploy; --data-parallel-size is not used with --splitwise-role)")
+    return ports
+
+
 def parse_addresses(value: Any, flag: str = "--innode-prefill-ports") -> tuple[str, ...]:
     """"8182,otherhost:8182" -> ("127.0.0.1:8182", "otherhost:8182")."""
     return tuple(p if ":" in p else f"127.0.0.1:{p}" for p in _ports(value, flag))
@@ -100,9 +110,9 @@ def disagg_config_from(args: Any, timeout_s: float = 60.0, allowed: str | None =
     prefill: tuple[str, ...] = ()
     if role == "prefill":
         local = [f"127.0.0.1:{p.rpartition(':')[2]}"
-                 for p in _ports(getattr(args, "engine_worker_queue_port", None), "--engine-worker-queue-port")[:1]]
+                 for p in _one_port(getattr(args, "engine_worker_queue_port", None), "--engine-worker-queue-port")]
         remote = [f"0.0.0.0:{p.rpartition(':')[2]}"
-                  for p in _ports(getattr(args, "pd_comm_port", None), "--pd-comm-port")[:1]]
+                  for p in _one_port(getattr(args, "pd_comm_port", None), "--pd-comm-port")]
         listen = tuple(local + remote)
     else:
         prefill = parse_addresses(getattr(args, "innode_prefill_ports", None))
@@ -117,11 +127,11 @@ def advertised_address(args: Any, host: str | None) -> str | None:
     loopback ``--engine-worker-queue-port``. None for another role or without a port."""
     if (getattr(args, "splitwise_role", None) or "mixed").strip().lower() != "prefill":
         return None
-    remote = _ports(getattr(args, "pd_comm_port", None), "--pd-comm-port")[:1]
+    remote = _one_port(getattr(args, "pd_comm_port", None), "--pd-comm-port")
     if remote:
         import socket
 
         name = host if host and host not in ("0.0.0.0", "::") else socket.gethostname()
         return f"{name}:{remote[0].rpartition(':')[2]}"
-    local = _ports(getattr(args, "engine_worker_queue_port", None), "--engine-worker-queue-port")[:1]
+    local = _one_port(getattr(args, "engine_worker_queue_port", None), "--engine-worker-queue-port")
     return f"127.0.0.1:{local[0].rpartition(':')[2]}" if local else None

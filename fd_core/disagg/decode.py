@@ -26,6 +26,7 @@ import os
 import queue
 import select
 import time
+import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from typing import Any
 
 from fd_core.disagg.config import DisaggConfig
 from fd_core.disagg.kv_io import fingerprint_of, frame_sizes, import_blocks
-from fd_core.disagg.transport import KVTransport, transport_for
+from fd_core.disagg.transport import KVTransport, release, transport_for
 from fd_core.disagg.wire import (
     PrefillReply,
     PrefillTask,
@@ -59,6 +60,8 @@ class _Transfer:
     block_ids: list[int]  # the request's whole table: held hits, then the blocks to fill
     request: Any = None  # the scheduler's Request it was reserved for (an id may be reused after an abort)
     peer: str = ""
+    queued: float = field(default_factory=time.perf_counter)  # the timeout counts from here
+    cancelled: bool = False  # aborted before a worker thread took it: not sent
     sent: float = 0.0
     reply: list[bytes] = field(default_factory=list)
     error: str | None = None
@@ -77,10 +80,13 @@ class DecodeEngine:
         self._ready: deque[_Transfer] = deque()  # replies waiting for a running slot
         self._no_blocks: deque[str] = deque()  # held requests waiting for free blocks
         self._tasks: dict[str, tuple[PrefillTask, str | None]] = {}  # request id -> its task, until sent
+        self._sending: dict[str, _Transfer] = {}  # request id -> its transfer, submitted and not yet back
         self._in_flight: dict[str, int] = {addr: 0 for addr in config.prefill_addrs}
         self._turn = itertools.count()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        # the transfer threads, the transport and the pipe go when close() is called or the engine is dropped
+        self._release = weakref.finalize(self, release, self._pool, self.transport, (self._wake_r, self._wake_w))
         self.kv_bytes_received = 0
         self.num_transfers = 0
         self.num_failed = 0
@@ -94,8 +100,8 @@ class DecodeEngine:
         return self._wake_r
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self.transport.close()
+        """Stop the transfer threads, the transport and the pipe (the engine loop calls it at shutdown)."""
+        self._release()
 
     # ------------------------------------------------------------ requests
 
@@ -138,6 +144,7 @@ class DecodeEngine:
             self._done.put(transfer)
             os.write(self._wake_w, b"d")
             return True
+        self._sending[request.request_id] = transfer
         self._pool.submit(self._send, transfer)
         return True
 
@@ -150,8 +157,14 @@ class DecodeEngine:
 
     def _send(self, transfer: _Transfer) -> None:  # a worker thread
         transfer.sent = time.perf_counter()
+        left = self.config.timeout_s - (transfer.sent - transfer.queued)
         try:
-            transfer.reply = self.transport.request(transfer.peer, [dumps(transfer.task)], self.config.timeout_s)
+            if transfer.cancelled:
+                raise TransferError("aborted before it was sent")
+            if left <= 0:
+                raise TransferError(f"no KV transfer to {transfer.peer} could start within "
+                                    f"FD_PD_TRANSFER_TIMEOUT ({self.config.timeout_s:g} s): too many in flight")
+            transfer.reply = self.transport.request(transfer.peer, [dumps(transfer.task)], left)
         except TransferError as exc:
             transfer.error = str(exc)
         except Exception as exc:  # noqa: BLE001 - any transport failure ends only this request
@@ -168,6 +181,9 @@ class DecodeEngine:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         for rid in ids:
             self._tasks.pop(rid, None)
+            sending = self._sending.pop(rid, None)
+            if sending is not None:
+                sending.cancelled = True  # a worker thread that has not sent it yet will not
             if rid in self._no_blocks:
                 self._no_blocks.remove(rid)
         self.core.abort(ids, *args, **kwargs)  # frees a held request's reserved blocks
@@ -190,6 +206,8 @@ class DecodeEngine:
                 break
         while not self._done.empty():
             transfer = self._done.get()
+            if self._sending.get(transfer.request_id) is transfer:
+                del self._sending[transfer.request_id]
             self._in_flight[transfer.peer] -= 1
             self._ready.append(transfer)
         outputs: list[Any] = []

@@ -21,12 +21,13 @@ import logging
 import os
 import queue
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from fd_core.disagg.config import DisaggConfig
 from fd_core.disagg.kv_io import export_blocks, fingerprint_of, parts_per_pool
-from fd_core.disagg.transport import KVTransport, Reply, transport_for
+from fd_core.disagg.transport import KVTransport, Reply, release, transport_for
 from fd_core.disagg.wire import (
     PrefillReply,
     PrefillTask,
@@ -63,6 +64,8 @@ class PrefillEngine:
         self._ids = itertools.count()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        # the listening socket and the pipe go when close() is called or the engine is dropped
+        self._release = weakref.finalize(self, release, None, self.transport, (self._wake_r, self._wake_w))
         self.num_tasks = 0
         self.kv_bytes_sent = 0
         for address in config.listen:
@@ -92,9 +95,8 @@ class PrefillEngine:
         self.core.abort(request_ids, *args, **kwargs)
 
     def close(self) -> None:
-        self.transport.close()
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
+        """Stop listening and free the pipe (the engine loop calls it at shutdown)."""
+        self._release()
 
     # -------------------------------------------------------------- the step
 

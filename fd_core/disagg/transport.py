@@ -16,6 +16,7 @@ side: blocks for the reply; TransferError on timeout, naming the peer).
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from fd_core.disagg.config import BUILTIN_PROTOCOL
 from fd_core.disagg.wire import TransferError
 from fd_core.plugins.types import KVTransport
 
-__all__ = ["KVTransport", "TcpTransport", "transport_for"]
+__all__ = ["KVTransport", "TcpTransport", "transport_for", "release"]
 
 logger = logging.getLogger(__name__)
 Reply = Callable[[list[bytes]], None]
@@ -118,7 +119,7 @@ class TcpTransport:
             sock.connect(f"tcp://{address}")
             sock.send_multipart(frames, copy=False)
             if not sock.poll(int(timeout_s * 1000), zmq.POLLIN):
-                raise TransferError(f"prefill instance {address} did not answer within {timeout_s:g} s "
+                raise TransferError(f"prefill instance {address} did not answer within {round(timeout_s, 1):g} s "
                                     "(down, or overloaded); check that it runs with --splitwise-role prefill "
                                     "and that --innode-prefill-ports names its --engine-worker-queue-port")
             return list(sock.recv_multipart())
@@ -143,3 +144,16 @@ def transport_for(protocols: tuple[str, ...], pm: Any = None) -> KVTransport:
     raise ValueError(f"--cache-transfer-protocol {','.join(protocols)}: no installed backend brings "
                      f"{' or '.join(protocols)}; fd-core's built-in transport is {BUILTIN_PROTOCOL!r} "
                      f"(--cache-transfer-protocol {BUILTIN_PROTOCOL})")
+
+
+def release(pool: Any, transport: Any, fds: tuple[int, ...]) -> None:
+    """Free a prefill or decode engine's resources: its transfer threads (``pool``, or None),
+    its transport and its wake pipe. Called once, by ``close()`` or when the engine is dropped."""
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
+    transport.close()
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

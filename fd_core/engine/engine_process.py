@@ -85,6 +85,9 @@ def run_engine_process(args: EngineArgs, address: str, ready: Any) -> None:
     try:
         _EngineLoop(core, sock).run(parent)
     finally:
+        close = getattr(core, "close", None)  # a prefill/decode engine: its listening socket, threads, pipe
+        if args.core_wrapper is not None and close is not None:
+            close()
         sock.close()
         ctx.term()
         if os.getppid() != parent and address.startswith("ipc://"):

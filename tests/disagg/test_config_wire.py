@@ -123,3 +123,14 @@ def test_a_dotted_name_through_an_allowed_module_cannot_reach_os(tmp_path):
         with pytest.raises(TransferError, match="unreadable KV-transfer message"):
             loads(_global_call(module, name, f"touch {marker}"), PrefillTask)
     assert not marker.exists()
+
+
+def test_a_list_of_ports_for_one_prefill_instance_is_refused_naming_it():
+    from types import SimpleNamespace
+
+    from fd_core.disagg.config import disagg_config_from
+
+    args = SimpleNamespace(splitwise_role="prefill", engine_worker_queue_port="8182,8183", pd_comm_port=None,
+                           tensor_parallel_size=1, cache_transfer_protocol=None)
+    with pytest.raises(ValueError, match="--engine-worker-queue-port: one port per prefill instance, got 8182, 8183"):
+        disagg_config_from(args)
