@@ -72,8 +72,10 @@ class GlobalSchedulerClient(EngineClient):
     """An ``EngineClient`` that schedules through Redis; anything else goes to ``inner``."""
 
     def __init__(self, inner: EngineClient, config: GlobalSchedulerConfig, default_name: str | None = None,
-                 capacity: int | None = None) -> None:
-        """``capacity``: requests this instance runs at once (default: the engine's --max-num-seqs)."""
+                 capacity: int | None = None, url: str | None = None) -> None:
+        """``capacity``: requests this instance runs at once (default: the engine's --max-num-seqs);
+        ``url``: the HTTP address its heartbeat advertises (fd-router's Redis discovery reads it)."""
+        self.url = url
         self.inner = inner
         self.tokenizer = inner.tokenizer
         self.info = inner.info
@@ -278,7 +280,8 @@ class GlobalSchedulerClient(EngineClient):
         return {"running": st.num_running, "waiting": st.num_waiting, "free_blocks": st.num_free_blocks,
                 "executing": len(self.executor.running), "accepted": len(self._pending),
                 "capacity": self.executor.capacity, "taken": self.executor.num_taken,
-                "stolen": self.executor.num_stolen, "time": time.time()}
+                "stolen": self.executor.num_stolen, "time": time.time(),
+                **({"url": self.url} if self.url else {})}
 
     async def _beat(self) -> None:
         run_id = await self.store.server_run_id()

@@ -20,7 +20,14 @@ from typing import Any
 from fd_core.cluster.config import scheduler_config_from
 from fd_core.engine.client import EngineClient
 
-__all__ = ["worker_client", "worker_instance_name"]
+__all__ = ["instance_url", "worker_client", "worker_instance_name"]
+
+
+def instance_url(host: str | None, port: int) -> str:
+    """The HTTP address an instance advertises in its heartbeat: ``--host``, or this machine's
+    name when it listens on every interface."""
+    name = host if host and host not in ("0.0.0.0", "::") else socket.gethostname()
+    return f"http://{name}:{port}"
 
 
 def worker_instance_name(port: int, worker: int) -> str:
@@ -39,4 +46,4 @@ def worker_client(inner: EngineClient, ns: Any, worker: int) -> EngineClient:
     workers = max(1, int(getattr(ns, "workers", 1) or 1))
     capacity = -(-(inner.info.max_num_seqs or 8) // workers)
     return GlobalSchedulerClient(inner, config, default_name=worker_instance_name(ns.port, worker),
-                                 capacity=capacity)
+                                 capacity=capacity, url=instance_url(getattr(ns, "host", None), ns.port))

@@ -117,9 +117,11 @@ def run_server(ns: argparse.Namespace) -> int:
         return 1
     if scheduler is not None:
         from fd_core.cluster.client import GlobalSchedulerClient
+        from fd_core.cluster.instance import instance_url
 
         name = f"{socket.gethostname()}:{ns.port}"
-        return _serve_global(GlobalSchedulerClient(client, scheduler, default_name=name), ns, engine_args,
+        client = GlobalSchedulerClient(client, scheduler, default_name=name, url=instance_url(ns.host, ns.port))
+        return _serve_global(client, ns, engine_args,
                              server_kwargs, sockets[0], graceful_timeout)
     try:
         return asyncio.run(_serve_one(client, ns, engine_args, server_kwargs, sockets[0], graceful_timeout))

@@ -71,3 +71,19 @@ async def _keys(port: int) -> set[str]:
         return {str(k) for k in await client.keys("*")}
     finally:
         await client.aclose()
+
+
+def test_api_workers_advertise_their_server_url():
+    """``fd-serve --workers N --scheduler-name global``: each worker is an instance named
+    ``host:port-wI`` (not a URL), so its heartbeat carries the server's URL."""
+    from types import SimpleNamespace
+
+    from fd_core.cluster.instance import instance_url, worker_client
+
+    inner = SimpleNamespace(info=SimpleNamespace(max_num_seqs=8), tokenizer=None)
+    ns = SimpleNamespace(scheduler_name="global", workers=2, port=8180, host="127.0.0.1")
+    client = worker_client(inner, ns, 1)  # type: ignore[arg-type]
+    assert client.base_name.endswith(":8180-w1") and url_of(client.base_name, None) is None
+    assert instance_url("127.0.0.1", 8180) == "http://127.0.0.1:8180"
+    assert client.url == "http://127.0.0.1:8180"
+    assert url_of(client.base_name, {"url": client.url}) == "http://127.0.0.1:8180"
