@@ -139,6 +139,8 @@ class MultiModalPrompts:
         media: dict[str, list[Any]] = {}
         for kind in ("image", "video"):
             items = data.get(kind)
+            if kind == "video" and _frame_list(items):  # one video given as its frames
+                items = [items]
             items = [] if items is None else list(items) if isinstance(items, (list, tuple)) else [items]
             limit = self.limits[kind]
             if limit is not None and len(items) > limit:
@@ -158,3 +160,10 @@ class MultiModalPrompts:
         videos = [self._process_video(video) for video in media["video"]]
         ids, mm = build_inputs(token_ids, images, self.config, videos)
         return {"prompt": prompt.get("prompt"), "prompt_token_ids": ids, "mm_inputs": mm}
+
+
+def _frame_list(value: Any) -> bool:
+    """A non-empty list of frames (PIL images or ``[H, W, C]`` arrays): one video, not a list of videos."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return False
+    return all(getattr(v, "ndim", None) == 3 or (hasattr(v, "mode") and hasattr(v, "size")) for v in value)
