@@ -84,6 +84,11 @@ class SpeculativeConfig:
         if self.num_model_steps > self.num_speculative_tokens:
             raise ValueError(f"num_model_steps {self.num_model_steps} exceeds num_speculative_tokens "
                              f"{self.num_speculative_tokens}: each MTP step drafts one token")
+        if self.num_model_steps not in (1, self.num_speculative_tokens):
+            # ERNIE has one MTP layer: its block runs once per draft, k times (FastDeploy sets it to k)
+            raise ValueError(f"num_model_steps {self.num_model_steps}: the MTP block runs once per draft, "
+                             f"num_speculative_tokens ({self.num_speculative_tokens}) times; give "
+                             f"{self.num_speculative_tokens} or leave it out")
         _int_in("min_ngram_size", self.min_ngram_size, 1, 1 << 10)
         _int_in("max_ngram_size", self.max_ngram_size, self.min_ngram_size, 1 << 10,
                 "at least min_ngram_size")

@@ -95,3 +95,11 @@ def test_make_proposer() -> None:
     assert isinstance(make_proposer(SpeculativeConfig("suffix")), SuffixProposer)
     with pytest.raises(ValueError, match="model runner"):
         make_proposer(SpeculativeConfig("mtp"))
+
+
+def test_num_model_steps_other_than_one_or_k_is_refused_naming_it():
+    from fd_core.spec_decode.config import parse_speculative_config
+
+    assert parse_speculative_config({"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 3})
+    with pytest.raises(ValueError, match="num_model_steps 2: the MTP block runs once per draft"):
+        parse_speculative_config({"method": "mtp", "num_speculative_tokens": 3, "num_model_steps": 2})
