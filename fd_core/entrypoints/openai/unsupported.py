@@ -19,7 +19,8 @@ __all__ = ["REFUSED", "check_refused"]
 
 _STRUCTURED = ("(vLLM's newer form) is not taken; send response_format or guided_json / guided_regex / "
                "guided_choice / guided_grammar / structural_tag instead")
-_MULTIMODAL = ("is not taken per request yet: images go in image_url content parts (ERNIE-4.5-VL), the "
+_MULTIMODAL = ("is not taken per request yet: images and videos go in image_url / video_url content parts "
+               "(ERNIE-4.5-VL), the "
                "processor's settings in the server's --mm-processor-kwargs; remove the field")
 
 
@@ -38,7 +39,9 @@ REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mm_processor_kwargs": (_off, _MULTIMODAL),
     "include_draft_logprobs": (_off, "draft tokens' logprobs are not returned; accepted tokens carry their own "
                                "logprobs (logprobs / top_logprobs)"),
-    "disaggregate_info": (_off, "is for prefill/decode disaggregation, which fd-core does not implement yet"),
+    "disaggregate_info": (_off, "(FastDeploy's internal prefill/decode routing) is not taken from requests: a "
+                                "--splitwise-role decode instance takes its prefill instance from "
+                                "--innode-prefill-ports or the x-fd-prefill-addr header fd-router sets"),
     "collect_metrics": (_off, "(per-request metrics in the answer) is not implemented; "
                               "the server's /metrics endpoint has the timings"),
     "suffix": (_off, "is not supported: fd-core does not do fill-in-the-middle, and FastDeploy's "
