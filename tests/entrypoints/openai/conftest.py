@@ -1,4 +1,5 @@
-"""Fixtures: one in-process engine on the tiny-dense checkpoint, apps over it, HTTP clients."""
+"""Fixtures: one in-process engine on the tiny-dense checkpoint, apps over it, HTTP clients; a
+tiny-vl checkpoint and an engine on it per module (the VL image and video server tests)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,19 @@ async def openai_client(app):
                                 max_retries=0)
     yield client
     await http_client.aclose()
+
+
+@pytest.fixture(scope="module")
+def vl_dir(tmp_path_factory):
+    from fd_core.testing.vl_checkpoint import generate_vl_checkpoint
+
+    return generate_vl_checkpoint(tmp_path_factory.mktemp("vl_srv"), "tiny-vl", naming="pytorch")
+
+
+@pytest.fixture(scope="module")
+def vl_client(vl_dir):
+    client = InprocEngineClient(EngineArgs.from_kwargs(
+        str(vl_dir), backend="cpu", max_model_len=512, num_gpu_blocks_override=64, block_size=16,
+        dtype="float32"))
+    yield client
+    asyncio.run(client.shutdown())

@@ -5,7 +5,6 @@ and the engine keeps serving after each."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 
@@ -13,11 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
-from fd_core.config import EngineArgs
-from fd_core.engine.client import InprocEngineClient
 from fd_core.entrypoints.openai.api_server import ServerArgs, build_app
 from fd_core.multimodal.options import MultiModalOptions
-from fd_core.testing.vl_checkpoint import generate_vl_checkpoint
 from tests.entrypoints.openai.helpers import GREEDY, assert_error
 
 Image = pytest.importorskip("PIL.Image")
@@ -44,20 +40,6 @@ def _image_part(url: str) -> dict:
 def _chat(*parts: dict, **extra) -> dict:
     return {"model": "vl", "messages": [{"role": "user", "content": list(parts)}], "max_tokens": NEW_TOKENS,
             **GREEDY, **extra}
-
-
-@pytest.fixture(scope="module")
-def vl_dir(tmp_path_factory):
-    return generate_vl_checkpoint(tmp_path_factory.mktemp("vl_srv"), "tiny-vl", naming="pytorch")
-
-
-@pytest.fixture(scope="module")
-def vl_client(vl_dir):
-    client = InprocEngineClient(EngineArgs.from_kwargs(
-        str(vl_dir), backend="cpu", max_model_len=512, num_gpu_blocks_override=64, block_size=16,
-        dtype="float32"))
-    yield client
-    asyncio.run(client.shutdown())
 
 
 def _app(client, tmp_path=None, **flags):

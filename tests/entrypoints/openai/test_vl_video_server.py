@@ -6,14 +6,11 @@ keeps serving after each."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 
 import numpy as np
 import pytest
 
-from fd_core.config import EngineArgs
-from fd_core.engine.client import InprocEngineClient
 from tests.entrypoints.openai.helpers import assert_error
 from tests.entrypoints.openai.test_vl_server import _app, _chat, _post
 from tests.multimodal.video_helpers import make_video
@@ -30,22 +27,6 @@ def _video_part(url: str) -> dict:
 
 def _data_url(data: bytes) -> str:
     return f"data:video/mp4;base64,{base64.b64encode(data).decode()}"
-
-
-@pytest.fixture(scope="module")
-def vl_dir(tmp_path_factory):
-    from fd_core.testing.vl_checkpoint import generate_vl_checkpoint
-
-    return generate_vl_checkpoint(tmp_path_factory.mktemp("vl_video_srv"), "tiny-vl", naming="pytorch")
-
-
-@pytest.fixture(scope="module")
-def vl_client(vl_dir):
-    client = InprocEngineClient(EngineArgs.from_kwargs(
-        str(vl_dir), backend="cpu", max_model_len=512, num_gpu_blocks_override=64, block_size=16,
-        dtype="float32"))
-    yield client
-    asyncio.run(client.shutdown())
 
 
 def _video_app(client, **flags):
