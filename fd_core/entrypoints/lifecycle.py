@@ -27,6 +27,7 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fd_core.entrypoints.aio import wait_within
 from fd_core.entrypoints.openai.errors import OpenAIError, error_response
 
 __all__ = ["EXIT_CUT", "Drain", "LifecycleMiddleware", "serve_http"]
@@ -62,7 +63,7 @@ class Drain:
     async def wait_idle(self, timeout: float | None) -> bool:
         """True once nothing is in flight, False if ``timeout`` seconds pass first."""
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            await wait_within(self._idle.wait(), timeout)
         except asyncio.TimeoutError:
             return False
         return True

@@ -152,6 +152,9 @@ class Proxy:
                 target.last_error = f"{type(exc).__name__}: {exc}"
                 return error_response(f"instance {target.url} failed before answering: "
                                       f"{type(exc).__name__}: {exc}", 502)
+            except BaseException:  # cancelled (the client or the router went away): uncount it
+                release(True)
+                raise
             if resp.status_code in RETRY_STATUSES:
                 try:
                     text = await resp.aread()

@@ -57,6 +57,7 @@ class FakeInstance:
         self.status = 200
         self.die_after: int | None = None
         self.gate: threading.Event | None = None
+        self.headers_gate: threading.Event | None = None  # held before answering anything
         self.delay = 0.0
         self.running = self.waiting = 0
         self.received: list[dict[str, Any]] = []  # {"path", "body", "headers"} per generation request
@@ -83,6 +84,8 @@ class FakeInstance:
         async def generate(request: Request) -> Response:
             body = await request.json()
             self.received.append({"path": request.url.path, "body": body, "headers": dict(request.headers)})
+            while self.headers_gate is not None and not self.headers_gate.is_set():
+                await asyncio.sleep(0.01)
             if self.status != 200:
                 return JSONResponse({"error": {"message": f"{self.name} refuses", "code": self.status}},
                                     status_code=self.status)

@@ -10,6 +10,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from tests.router.fakes import free_port, registered, wait_for
 
@@ -230,3 +231,16 @@ def test_a_client_that_goes_away_closes_the_instances_stream(fakes, router):
         assert a.active == 1 and registered(r.url)[a.url]["in_flight"] == 1
     wait_for(lambda: a.active == 0, what="the instance's stream closed")
     wait_for(lambda: registered(r.url)[a.url]["in_flight"] == 0, what="the router's count released")
+
+
+def test_a_client_that_leaves_before_the_first_byte_releases_the_instance(fakes, router):
+    a = fakes("a", chunks=3)
+    a.headers_gate = threading.Event()  # the instance answers only once the client has gone
+    a.gate = threading.Event()  # and then holds its stream open after chunk 0
+    r = router(instances=(a.url,))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(r.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=0.5)
+    assert registered(r.url)[a.url]["in_flight"] == 1
+    a.headers_gate.set()
+    wait_for(lambda: registered(r.url)[a.url]["in_flight"] == 0, what="the router's count released")
+    wait_for(lambda: a.active == 0, what="the instance's stream closed")

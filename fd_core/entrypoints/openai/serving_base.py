@@ -14,6 +14,7 @@ from typing import Any
 
 from fd_core.engine.client import EngineClient, RequestError
 from fd_core.engine.outputs import PositionLogprobs, RequestMetrics, RequestOutput
+from fd_core.entrypoints.aio import wait_within
 from fd_core.entrypoints.openai.errors import OpenAIError
 from fd_core.entrypoints.openai.protocol import SamplingFields
 from fd_core.metrics import Metrics
@@ -196,7 +197,7 @@ class OpenAIServing:
             if self.max_waiting_time is None:
                 first = await stream.__anext__()
             else:
-                first = await asyncio.wait_for(stream.__anext__(), self.max_waiting_time)
+                first = await wait_within(stream.__anext__(), self.max_waiting_time)
             if first.error_code != 200:  # failed before its first token (a prefill instance's KV transfer)
                 await stream.aclose()  # type: ignore[attr-defined]
                 raise OpenAIError(first.error_msg or "the request failed", first.error_code)
