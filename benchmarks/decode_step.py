@@ -152,7 +152,7 @@ class OpTimers:
             if name == "linear":
                 weight = args[1] if len(args) > 1 else kwargs.get("weight")
                 quant = args[3] if len(args) > 3 else kwargs.get("quant")
-                out_features = quant.out_features if weight is None else weight.shape[-1]
+                out_features = weight.shape[-1] if weight is not None else getattr(quant, "out_features", None)
                 family = "lm_head" if out_features == self.vocab_size else "matmuls"
             self.totals[family] += time.perf_counter() - start
             return out

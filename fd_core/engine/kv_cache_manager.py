@@ -94,6 +94,9 @@ class KVCacheManager:
         every request it schedules, hits only at admission."""
         req_id = request.request_id
         blocks = self._req_blocks.setdefault(req_id, [])
+        if blocks and not new_computed_blocks and \
+                -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) <= len(blocks):
+            return []  # most decode steps: the tokens fit the request's blocks, nothing to add
         num_hit_tokens = len(new_computed_blocks) * self.block_size
         num_total_tokens = request.num_computed_tokens + num_hit_tokens + num_new_tokens
         num_new_blocks = (

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fd_core._paddle import import_paddle
 from fd_core.backends.base import Backend
 from fd_core.engine.memory_profile import largest_steps, measure_peak_bytes
+from fd_core.engine.step_tensors import step_tensors
 from fd_core.layers.attention import KVCache
 from fd_core.model_loader.accounting import weight_bytes
 from fd_core.model_loader.dtypes import checkpoint_dtype, resolve_weight_dtype
@@ -25,7 +24,6 @@ from fd_core.models import registry
 from fd_core.models.config import load_config
 from fd_core.multimodal.encoder_cache import EncoderCache
 from fd_core.ops._host import plug_tensor_init_leak
-from fd_core.ops.attention import AttentionMetadata
 from fd_core.ops.kv_dtype import KV_DTYPES, bytes_per_token_head
 from fd_core.parallel.config import local_kv_heads
 
@@ -197,30 +195,7 @@ class ModelRunner:
         """Run the step; returns logits ``[N, V]`` (fp32 paddle tensor), in
         request order: every new token's row for ``all_logits`` requests, the
         last row for other ``needs_logits`` requests; None if no rows."""
-        if step.num_reqs == 0:
-            raise ValueError("empty step")
-        query_lens = [len(t) for t in step.token_ids]
-        for seq_len in step.seq_lens:
-            if seq_len > self.max_model_len:
-                raise ValueError(f"sequence length {seq_len} exceeds max_model_len {self.max_model_len}")
-        meta = AttentionMetadata.build(
-            query_lens, step.seq_lens, step.block_tables, self.block_size, step.num_decodes
-        )
-        flat = np.fromiter((t for ids in step.token_ids for t in ids), dtype=np.int64,
-                           count=sum(query_lens))
-        if flat.size and (flat.min() < 0 or flat.max() >= self.config.vocab_size):
-            raise ValueError(f"token id out of range [0, {self.config.vocab_size})")
-        needs = step.needs_logits or [True] * step.num_reqs
-        ends = np.cumsum(query_lens)
-        if any(step.all_logits):
-            logits_rows = np.concatenate([
-                np.arange(end - qlen, end) if whole else (np.array([end - 1]) if need else np.array([], dtype=np.int64))
-                for qlen, end, need, whole in zip(query_lens, ends, needs, step.all_logits)
-            ])
-        else:
-            logits_rows = (ends - 1)[np.asarray(needs, dtype=bool)]
-        # every row in order (a decode-only step): no gather of the hidden states
-        whole = len(logits_rows) == len(flat) and bool((logits_rows == np.arange(len(flat))).all())
+        flat, meta, logits_rows = step_tensors(step, self.block_size, self.config.vocab_size, self.max_model_len)
         extra: dict[str, Any] = {}
         if getattr(self.model, "is_multimodal", False):  # 3D positions, image features (fd_core.multimodal.step)
             from fd_core.multimodal.step import build_step
@@ -228,7 +203,4 @@ class ModelRunner:
             extra["mm"] = build_step(self.model, step.token_ids, step.seq_lens,
                                      step.mm_inputs or [None] * step.num_reqs, self.encoder_cache)
         with paddle.no_grad():
-            return self.model.forward(
-                paddle.to_tensor(flat), meta, self.kv_caches,
-                None if whole else paddle.to_tensor(logits_rows.astype(np.int64)), **extra,
-            )
+            return self.model.forward(flat, meta, self.kv_caches, logits_rows, **extra)

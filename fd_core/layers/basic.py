@@ -80,7 +80,17 @@ class RMSNorm:
         self.ops = ops
         self.eps = eps
         self.weight = Param((hidden_size,))
+        self._widened: tuple[Any, int, Any] | None = None  # (16-bit weight, its version, its fp32 copy)
 
     def __call__(self, x: Any, residual: Any | None = None) -> Any:
-        """``x [T, D]``; with ``residual`` returns ``(normed, x + residual)``."""
-        return self.ops.rms_norm(x, self.weight.data, self.eps, residual)
+        """``x [T, D]``; with ``residual`` returns ``(normed, x + residual)``.
+        A 16-bit weight under fp32 activations is handed over as its fp32 copy
+        (the same values; the reference widens it anyway, and a backend's fp32
+        kernel then takes it), made once and again only if the weight changes."""
+        weight = self.weight.data
+        if weight.dtype != x.dtype and x.dtype == paddle.float32:
+            widened = self._widened
+            if widened is None or widened[0] is not weight or widened[1] != weight._inplace_version():
+                widened = self._widened = (weight, weight._inplace_version(), weight.astype("float32"))
+            weight = widened[2]
+        return self.ops.rms_norm(x, weight, self.eps, residual)

@@ -170,3 +170,17 @@ def test_block_hashes_extend_over_generated_tokens():
     assert len(a.block_hashes) == 2
     follow_up = req("b", list(range(6)) + [100, 101, 5])  # a multi-turn follow-up
     assert kv.get_computed_blocks(follow_up)[1] == 8
+
+
+def test_decode_steps_add_a_block_only_when_the_last_one_is_full() -> None:
+    kv = make_manager(num_blocks=9, caching=False)
+    r = req("a", [1, 2, 3])
+    assert kv.allocate_slots(r, 3) == [1]
+    free = kv.pool.num_free_blocks
+    r.num_computed_tokens = 3  # token 4 still fits block 1: nothing added, the pool unchanged
+    assert kv.allocate_slots(r, 1) == []
+    assert kv.pool.num_free_blocks == free and kv.get_block_ids(r) == [1]
+    r.num_computed_tokens = 4  # token 5 opens block 2
+    added = kv.allocate_slots(r, 1)
+    assert len(added) == 1 and kv.get_block_ids(r) == [1, *added]
+    assert kv.pool.num_free_blocks == free - 1

@@ -1,0 +1,109 @@
+"""A step's host inputs as the model takes them: token ids, attention metadata, logits rows.
+
+``ModelRunner.execute`` calls ``step_tensors`` once per step. Most steps
+in a serving loop are decode-only (every request adds one token and
+samples it); those take ``_decode_only``, which computes the positions and
+cache slots in plain Python over the B requests (no numpy scatter, no
+cumsum, no row gather) and copies one ``[3, B]`` array to the device, whose
+rows are the ids, positions and slots. Every other step goes through
+``AttentionMetadata.build``. Both give the same tensors and metadata and
+refuse the same bad steps with the same errors.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fd_core._paddle import import_paddle
+from fd_core.ops.attention import AttentionMetadata
+
+if TYPE_CHECKING:
+    from fd_core.engine.model_runner import StepInput
+
+__all__ = ["step_tensors"]
+
+paddle = import_paddle()
+
+
+def step_tensors(step: StepInput, block_size: int, vocab_size: int,
+                 max_model_len: int) -> tuple[Any, AttentionMetadata, Any]:
+    """``(input ids [T] int64 tensor, metadata, logits rows [N] int64 tensor or
+    None: every row in order)`` for ``step``. Raises ValueError naming a
+    sequence longer than ``max_model_len``, a token id outside
+    ``[0, vocab_size)`` or a malformed step (``AttentionMetadata.build``'s)."""
+    if step.num_reqs == 0:
+        raise ValueError("empty step")
+    for seq_len in step.seq_lens:
+        if seq_len > max_model_len:
+            raise ValueError(f"sequence length {seq_len} exceeds max_model_len {max_model_len}")
+    if _is_decode_only(step):
+        return _decode_only(step, block_size, vocab_size)
+    return _general(step, block_size, vocab_size)
+
+
+def _is_decode_only(step: StepInput) -> bool:
+    """Every request decodes one token and samples it (no prompt logprobs, no images)."""
+    return (step.num_decodes == step.num_reqs and not step.mm_inputs
+            and (not step.needs_logits or all(step.needs_logits)) and not any(step.all_logits)
+            and all(len(t) == 1 for t in step.token_ids))
+
+
+def _check_ids(ids: list[int] | np.ndarray, vocab_size: int) -> None:
+    if len(ids) and (min(ids) < 0 or max(ids) >= vocab_size):
+        raise ValueError(f"token id out of range [0, {vocab_size})")
+
+
+def _decode_only(step: StepInput, block_size: int, vocab_size: int) -> tuple[Any, AttentionMetadata, None]:
+    ids = [t[0] for t in step.token_ids]
+    seq_lens = step.seq_lens
+    tables = step.block_tables
+    positions = []
+    slots = []
+    for seq_len, table in zip(seq_lens, tables):
+        pos = seq_len - 1
+        if pos < 0:
+            raise ValueError(f"bad step: query_lens={[1] * len(seq_lens)} seq_lens={list(seq_lens)}")
+        block = pos // block_size
+        if block >= len(table):
+            raise ValueError("a request's block table is too short for its sequence length")
+        positions.append(pos)
+        slots.append(table[block] * block_size + pos % block_size)
+    _check_ids(ids, vocab_size)
+    width = max(len(t) for t in tables) or 1
+    if all(len(t) == width for t in tables):
+        table_array = np.array(tables, dtype=np.int64).reshape(len(tables), width)
+    else:  # padded with 0, the null block
+        table_array = np.zeros((len(tables), width), dtype=np.int64)
+        for i, table in enumerate(tables):
+            table_array[i, : len(table)] = table
+    # one host-to-tensor copy, split into three row views (~10 us against ~22 for three copies)
+    id_tensor, pos_tensor, slot_tensor = paddle.to_tensor(np.array([ids, positions, slots], dtype=np.int64)).unbind(0)
+    meta = AttentionMetadata(
+        num_decodes=step.num_decodes, block_size=block_size,
+        query_lens=np.ones(len(ids), dtype=np.int64), seq_lens=np.array(seq_lens, dtype=np.int64),
+        block_tables=table_array, positions=pos_tensor, slot_mapping=slot_tensor,
+    )
+    return id_tensor, meta, None
+
+
+def _general(step: StepInput, block_size: int, vocab_size: int) -> tuple[Any, AttentionMetadata, Any]:
+    query_lens = [len(t) for t in step.token_ids]
+    meta = AttentionMetadata.build(query_lens, step.seq_lens, step.block_tables, block_size, step.num_decodes)
+    flat = np.fromiter((t for ids in step.token_ids for t in ids), dtype=np.int64, count=sum(query_lens))
+    if flat.size:
+        _check_ids([int(flat.min()), int(flat.max())], vocab_size)
+    needs = step.needs_logits or [True] * step.num_reqs
+    ends = np.cumsum(query_lens)
+    if any(step.all_logits):
+        logits_rows = np.concatenate([
+            np.arange(end - qlen, end) if whole else (np.array([end - 1]) if need else np.array([], dtype=np.int64))
+            for qlen, end, need, whole in zip(query_lens, ends, needs, step.all_logits)
+        ])
+    else:
+        logits_rows = (ends - 1)[np.asarray(needs, dtype=bool)]
+    # every row in order (a decode-only step): no gather of the hidden states
+    whole = len(logits_rows) == len(flat) and bool((logits_rows == np.arange(len(flat))).all())
+    rows = None if whole else paddle.to_tensor(logits_rows.astype(np.int64))
+    return paddle.to_tensor(flat), meta, rows
