@@ -34,7 +34,11 @@ FastDeploy's offline-quantized checkpoint formats (``offline-fp8``,
 ``offline-w4a8c8``, ``offline-2bits``): the shape's float checkpoint written
 in that on-disk layout by ``fd_core.testing.quantized_checkpoints`` (once,
 beside it) and loaded as stored, detected from its config.json (no
-``--quantization``); W4A8C8 runs with the int8 KV cache its config asks for.
+``--quantization``); W4A8C8 runs with the int8 KV cache its config asks for,
+its static per-channel scales applied (``int8_static``). To see what the KV
+cache costs, ``offline-w4a8c8-kvint8`` runs the same checkpoint with the
+scales dropped and fd-core's dynamic int8 cache (what it did before applying
+them), ``offline-w4a8c8-kvfp32`` with a float32 cache.
 2Bits needs dimensions that are multiples of 128: ``--shapes tiny-moe128``
 is tiny-moe with hidden and expert sizes 128.
 
@@ -61,6 +65,7 @@ sys.path.insert(0, str(ROOT))
 from fd_core.backends.registry import get_backend  # noqa: E402
 from fd_core.engine.model_runner import ModelRunner, StepInput  # noqa: E402
 from fd_core.quantization import parse_quantization  # noqa: E402
+from fd_core.quantization.config import kv_cache_dtype_from_quantization  # noqa: E402
 from fd_core.quantization.offline import checkpoint_quantization  # noqa: E402
 from fd_core.testing.checkpoints import generate_checkpoint  # noqa: E402
 from fd_core.testing.greedy import greedy_generate  # noqa: E402
@@ -78,7 +83,10 @@ ALIASES = {  # FastDeploy's mixed form: wint4 for dense layers too (plain wint4 
 }
 
 
-OFFLINE = {"offline-fp8": "fp8", "offline-w4a8c8": "w4a8c8", "offline-2bits": "2bits"}
+OFFLINE = {"offline-fp8": "fp8", "offline-w4a8c8": "w4a8c8", "offline-2bits": "2bits",
+           "offline-w4a8c8-kvint8": "w4a8c8", "offline-w4a8c8-kvfp32": "w4a8c8"}
+# offline W4A8C8 with another KV cache than its own, its static KV scales dropped
+KV_OVERRIDES = {"offline-w4a8c8-kvint8": "int8", "offline-w4a8c8-kvfp32": "float32"}
 SMALL_128: dict[str, Any] = {"hidden_size": 128, "moe_intermediate_size": 128}  # tiny-moe128: wint2 takes multiples of 128
 
 
@@ -119,9 +127,13 @@ def make_runner(model_dir: Path, quantization: Any, num_blocks: int, max_len: in
         config = checkpoint_quantization(model_dir, None)
     else:
         config = parse_quantization(ALIASES.get(quantization, quantization))
-    kv = getattr(config, "kv_cache_dtype", None) or "float32"
-    return ModelRunner(model_dir, backend, num_blocks=num_blocks, block_size=BLOCK_SIZE,
-                       max_model_len=max_len, quantization=config, kv_cache_dtype=kv)
+    kv = KV_OVERRIDES.get(quantization) or kv_cache_dtype_from_quantization(config) or "float32"
+    runner = ModelRunner(model_dir, backend, num_blocks=num_blocks, block_size=BLOCK_SIZE,
+                         max_model_len=max_len, quantization=config, kv_cache_dtype=kv)
+    if quantization in KV_OVERRIDES:
+        for layer in runner.model.layers:
+            layer.self_attn.kv_scales = None
+    return runner
 
 
 def describe(model_dir: Path, method: str, architecture: str) -> str:

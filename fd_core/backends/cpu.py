@@ -110,7 +110,7 @@ def fd_device_capabilities() -> Capabilities:
     # wint2 and w4a8_static come only from offline-quantized checkpoints (fd_core.quantization.offline).
     return Capabilities(quantization_methods=("wint8", "wint4", "w8a8", "block_wise_fp8", "w4a8", "wint2",
                                               "w4a8_static"),
-                        kv_cache_dtypes=("float32", "bfloat16", "float16", "int8", "fp8"))
+                        kv_cache_dtypes=("float32", "bfloat16", "float16", "int8", "fp8", "int8_static"))
 
 
 @impl

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from fd_core.layers.basic import Linear
 from fd_core.ops.decoder import self_attention
+from fd_core.ops.kv_dtype import StaticKVScales
 
 if TYPE_CHECKING:
     from fd_core.backends.base import Ops
@@ -15,7 +16,7 @@ __all__ = ["Attention", "KVCache"]
 
 class KVCache:
     """One layer's K and V cache, in the backend's own layout, and its KV
-    dtype (``--kv-cache-dtype`` resolved: float32, bfloat16, float16, int8, fp8)."""
+    dtype (``--kv-cache-dtype`` resolved: float32, bfloat16, float16, int8, fp8, int8_static)."""
 
     def __init__(self, k: Any, v: Any, dtype: str = "float32") -> None:
         self.k = k
@@ -49,10 +50,11 @@ class Attention:
         self.kv_size = num_kv_heads * head_dim
         self.qkv_proj = Linear(ops, hidden_size, self.q_size + 2 * self.kv_size)
         self.o_proj = Linear(ops, self.q_size, hidden_size)
+        self.kv_scales: StaticKVScales | None = None  # an offline W4A8C8 checkpoint's (fd_core.ops.kv_dtype)
 
     def __call__(self, x: Any, cos_sin: Any, meta: Any, cache: KVCache) -> Any:
         # x: [T, D]
         return self_attention(
             self.ops, x, self.qkv_proj.weight.data, self.o_proj.weight.data, cos_sin, meta, cache.k, cache.v,
-            self.num_heads, self.num_kv_heads, self.scale, self.interleaved_rope,
+            self.num_heads, self.num_kv_heads, self.scale, self.interleaved_rope, kv_scales=self.kv_scales,
         )

@@ -173,11 +173,7 @@ def _offline_quantization(model_dir: Path, quantization: Any) -> Any:
     return checkpoint_quantization(model_dir, None)
 
 
-def _check_offline(model: Any, config: ModelConfig, transform: Any) -> None:
-    if transform is not None:
-        raise UnsupportedFeatureError(
-            "an offline-quantized checkpoint with --tensor-parallel-size / expert parallelism above 1: "
-            "splitting stored codes and scales over ranks is not implemented; run it on one rank")
+def _check_offline(model: Any, config: ModelConfig) -> None:
     if not getattr(model, "quantizable", False):
         raise UnsupportedFeatureError(f"offline-quantized checkpoint: {config.architecture} does not support "
                                       "quantized weights")
@@ -209,10 +205,11 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
     offline = _offline_quantization(model_dir, quantization)
     if offline is not None:
         quantization = offline
-        _check_offline(model, config, transform)
-        install_prequantized(model, offline.offline)
+        _check_offline(model, config)
     if transform is not None:
         transform.apply(model)
+    if offline is not None:  # on the rank's shapes: each rank reads its slice of the stored tensors
+        install_prequantized(model, offline.offline)
     if quantization is not None and offline is None:
         if not getattr(model, "quantizable", False):
             raise UnsupportedFeatureError(
@@ -239,7 +236,8 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
         if naming != "paddle":
             raise CheckpointError(f"{model_dir}: an offline-quantized checkpoint in {naming} naming; fd-core "
                                   "reads FastDeploy's Paddle-named ones (ernie.*)")
-        targets = prequantized_targets(model, targets, offline.offline, config.num_kv_heads * config.head_dim)
+        targets = prequantized_targets(model, targets, offline.offline, config.num_kv_heads * config.head_dim,
+                                       transform)
     seen: set[str] = set()
     unexpected: list[str] = []
     for reader in readers:
@@ -281,8 +279,8 @@ def load_model(model_dir: str | Path, ops: Any, max_position: int | None = None,
                 time.perf_counter() - start, _describe_bytes(model))
     if quantization is not None:
         _log_quantized(model, quantization)
-    if offline is not None and offline.offline.static_kv_scales:
-        logger.info("%s: its static per-channel KV-cache scales are loaded (model.kv_cache_static_scales) but not "
-                    "applied: fd-core's %s KV cache scales each token and KV head on the fly",
-                    model_dir, offline.offline.kv_cache_dtype)
+    if offline is not None and offline.offline.static_kv_scales and offline.offline.kv_cache_dtype != "int8":
+        logger.info("%s: its static per-channel %s KV-cache scales are loaded but not applied: fd-core's %s KV "
+                    "cache scales each token and KV head on the fly (int8's are applied: int8_static)",
+                    model_dir, offline.offline.kv_cache_quant_type, offline.offline.kv_cache_dtype)
     return model

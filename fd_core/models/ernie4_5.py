@@ -23,6 +23,7 @@ from fd_core.layers.param import Param
 from fd_core.models.base import Target
 from fd_core.models.config import ModelConfig
 from fd_core.ops.decoder import DecoderLayerWeights
+from fd_core.ops.kv_dtype import StaticKVScales
 from fd_core.ops.rope import rope_cos_sin
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class DecoderLayer:
         return DecoderLayerWeights(
             self.input_layernorm.weight.data, self.post_attention_layernorm.weight.data, self.input_layernorm.eps,
             attn.qkv_proj.weight.data, attn.o_proj.weight.data, up_gate, down, attn.num_heads, attn.num_kv_heads,
-            attn.head_dim, attn.scale, attn.interleaved_rope,
+            attn.head_dim, attn.scale, attn.interleaved_rope, kv_scales=attn.kv_scales,
         )
 
     @property
@@ -115,7 +116,11 @@ class Ernie4_5ForCausalLM:
         self.cos_sin = rope_cos_sin(c.head_dim, self.max_position, c.rope_theta)
 
     def finish_loading(self) -> None:
-        """Called by the loader after every parameter is filled."""
+        """Called by the loader after every parameter is filled. An offline
+        W4A8C8 checkpoint's static KV scales (``kv_cache_static_scales``, set
+        by ``fd_core.model_loader.offline``) go to their layers' attention."""
+        for i, (k, v) in getattr(self, "kv_cache_static_scales", {}).items():
+            self.layers[i].self_attn.kv_scales = StaticKVScales(k.data, v.data, layer=i)
         if not self.config.tie_word_embeddings:
             return
         tie_lm_head(self.lm_head, self.embed_tokens)

@@ -37,6 +37,7 @@ from fd_core.layers.param import Param
 from fd_core.models.base import Target
 from fd_core.models.ernie4_5_vl_config import VLModelConfig
 from fd_core.models.ernie4_5_vl_vision import Resampler, VisionTower
+from fd_core.ops.kv_dtype import StaticKVScales
 from fd_core.ops.rope import rope_cos_sin
 
 if TYPE_CHECKING:
@@ -122,6 +123,9 @@ class Ernie4_5_VLForConditionalGeneration:
         self.pair_axis = np.where(pair >= hw, 0, np.where(pair % 2 == 0, 1, 2))
 
     def finish_loading(self) -> None:
+        # an offline W4A8C8 checkpoint's static KV scales (fd_core.model_loader.offline) to their layers
+        for i, (k, v) in getattr(self, "kv_cache_static_scales", {}).items():
+            self.layers[i].self_attn.kv_scales = StaticKVScales(k.data, v.data, layer=i)
         if self.config.tie_word_embeddings:
             tie_lm_head(self.lm_head, self.embed_tokens)
 

@@ -8,8 +8,10 @@ kernels may keep derived per-step tensors in ``metadata.workspace``.
 Reference cache layout: ``[num_blocks * block_size, Hkv, Dh]`` per layer, so
 slot ``block_id * block_size + offset`` is one row. The pool's dtype is the
 ``--kv-cache-dtype`` (float32, bfloat16, float16, or int8 / fp8 codes with
-one fp32 scale per slot and KV head: ``fd_core.ops.kv_dtype`` states the
-layout and numerics, ``fd_core.ops.kv_storage`` stores and reads it). Writes
+one fp32 scale per slot and KV head, or ``int8_static``'s codes with
+scales 1, written pre-scaled by a layer's static per-channel scales:
+``fd_core.ops.kv_dtype`` states the layouts and numerics,
+``fd_core.ops.kv_storage`` stores and reads them). Writes
 round or quantize to the pool's dtype; attention dequantizes the blocks it
 reads and computes in fp32. An fp32 pool takes the direct paths below.
 """

@@ -25,6 +25,13 @@ then continues with ``(mlp(x), residual)``, as after any layer.
 optional fused hook ``fd_decoder_layers``, and what ``Ops`` runs when no
 backend fuses the run. ``self_attention`` is its attention block.
 
+A layer of an offline W4A8C8 checkpoint carries its static per-channel KV
+scales (``kv_scales``, FastDeploy's C8; ``fd_core.ops.kv_dtype``): its k and
+v are written into an ``int8_static`` pool pre-scaled by ``127 / S``, and q
+and the attention output are scaled by ``S / 127``, around the unchanged
+int8 attention kernels. Such a layer is not ``plain``, so a fused kernel that
+does not know the field declines and the composition runs.
+
 The description carries no backend state. A backend that derives data from
 it keys that data by content (``DecoderLayerWeights.key``,
 ``fd_core.ops.content_key``), so a replaced or rewritten weight is seen.
@@ -38,6 +45,13 @@ from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
 from fd_core.ops.content_key import tensor_key, weight_key
+from fd_core.ops.kv_dtype import (
+    STATIC_KV_DTYPES,
+    StaticKVScales,
+    static_quantize_input,
+    static_scale_output,
+    static_scale_queries,
+)
 from fd_core.ops.linear import QuantizedWeight
 
 if TYPE_CHECKING:
@@ -71,6 +85,7 @@ class DecoderLayerWeights:
     k_norm: Any | None = None  # [Dh]: of each key head
     qkv_bias: Any | None = None  # [(H + 2 Hkv) Dh]
     o_bias: Any | None = None  # [D]
+    kv_scales: StaticKVScales | None = None  # static per-channel KV scales (an int8_static pool)
 
     def key(self) -> Hashable:
         """The layer's content key: its shape and every weight's
@@ -79,6 +94,7 @@ class DecoderLayerWeights:
         return (self.eps, self.num_heads, self.num_kv_heads, self.head_dim, self.scale, self.interleaved_rope,
                 *(tensor_key(t) for t in (self.input_norm, self.post_norm, self.q_norm, self.k_norm,
                                           self.qkv_bias, self.o_bias)),
+                *((None,) if self.kv_scales is None else (tensor_key(self.kv_scales.k), tensor_key(self.kv_scales.v))),
                 *(weight_key(w) for w in (self.qkv, self.o, self.up_gate, self.down)))
 
     @property
@@ -93,8 +109,9 @@ class DecoderLayerWeights:
 
     @property
     def plain(self) -> bool:
-        """No q/k norms and no biases: the ERNIE 4.5 / Llama layer."""
-        return self.q_norm is None and self.k_norm is None and self.qkv_bias is None and self.o_bias is None
+        """No q/k norms, no biases, no static KV scales: the ERNIE 4.5 / Llama layer."""
+        return (self.q_norm is None and self.k_norm is None and self.qkv_bias is None and self.o_bias is None
+                and self.kv_scales is None)
 
 
 def apply_linear(ops: Ops, x: Any, weight: Any, bias: Any | None = None) -> Any:
@@ -108,13 +125,22 @@ def self_attention(
     ops: Ops, x: Any, qkv: Any, o: Any, cos_sin: Any, metadata: Any, k_cache: Any, v_cache: Any,
     num_heads: int, num_kv_heads: int, scale: float, interleaved_rope: bool = True, *,
     q_norm: Any | None = None, k_norm: Any | None = None, eps: float = 1e-6,
-    qkv_bias: Any | None = None, o_bias: Any | None = None,
+    qkv_bias: Any | None = None, o_bias: Any | None = None, kv_scales: StaticKVScales | None = None,
 ) -> Any:
     """QKV projection, (q/k norms,) rotary + cache store, paged attention
-    (decodes, then prefill chunks), output projection: ``x [T, D] -> [T, D]``."""
+    (decodes, then prefill chunks), output projection: ``x [T, D] -> [T, D]``.
+    With ``kv_scales`` (the pools must be ``int8_static``) k / v are stored
+    pre-scaled and q / the output are scaled (``fd_core.ops.kv_dtype``)."""
     num_tokens = x.shape[0]
     projected = apply_linear(ops, x, qkv, qkv_bias)
-    if q_norm is None and k_norm is None:
+    static = _static_scales(k_cache, kv_scales)
+    if static is not None:
+        q, k, v = _normed_qkv(ops, projected, num_heads, num_kv_heads, q_norm, k_norm, eps)
+        q, k = ops.rotary_embedding(q, k, metadata.positions, cos_sin, interleaved_rope)
+        k, v = static_quantize_input(k, v, static)  # what the cache rounds to codes: prefill sees these
+        ops.write_kv_cache(k, v, k_cache, v_cache, metadata.slot_mapping)
+        q = static_scale_queries(q, static, num_kv_heads)  # fp32
+    elif q_norm is None and k_norm is None:
         q, k, v = ops.rope_and_write_kv_cache(
             projected, metadata.positions, cos_sin, interleaved_rope, num_heads, num_kv_heads,
             k_cache, v_cache, metadata.slot_mapping,
@@ -131,7 +157,26 @@ def self_attention(
     if nd < num_tokens:
         parts.append(ops.prefill_attention(q[nd:], k[nd:], v[nd:], k_cache, v_cache, metadata, scale))
     out = parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)
+    if static is not None:
+        out = static_scale_output(out, static, num_kv_heads)
     return apply_linear(ops, out.reshape([num_tokens, q.shape[1] * q.shape[2]]), o, o_bias)
+
+
+def _static_scales(k_cache: Any, kv_scales: StaticKVScales | None) -> StaticKVScales | None:
+    """``kv_scales`` when the pool is ``int8_static``; None for a float pool
+    (the scales are not needed). Raises when an ``int8_static`` pool has no
+    scales, or scales meet a dynamic 8-bit pool (they would go unused)."""
+    kv_dtype = getattr(k_cache, "kv_dtype", None)  # a QuantizedKV's; None: a float pool
+    if kv_dtype in STATIC_KV_DTYPES:
+        if kv_scales is None:
+            raise ValueError(f"a {kv_dtype} KV cache needs the layer's static per-channel KV scales (an offline "
+                             "W4A8C8 checkpoint's cachek/cachev_matmul.activation_scale); this layer has none, so it needs "
+                             "a KV pool of its own (dynamic int8 or float), as the MTP block gets")
+        return kv_scales
+    if kv_scales is not None and kv_dtype is not None:
+        raise ValueError(f"this layer has static per-channel KV scales but its KV cache is {kv_dtype} (dynamic "
+                         "scales); the checkpoint's int8 KV cache is int8_static")
+    return None
 
 
 def _normed_qkv(ops: Ops, qkv: Any, num_heads: int, num_kv_heads: int, q_norm: Any | None, k_norm: Any | None,
@@ -165,7 +210,8 @@ def compose_decoder_layer(
         x, residual = ops.rms_norm(hidden, layer.input_norm, layer.eps, residual)
     h = self_attention(ops, x, layer.qkv, layer.o, cos_sin, metadata, k_cache, v_cache, layer.num_heads,
                        layer.num_kv_heads, layer.scale, layer.interleaved_rope, q_norm=layer.q_norm,
-                       k_norm=layer.k_norm, eps=layer.eps, qkv_bias=layer.qkv_bias, o_bias=layer.o_bias)
+                       k_norm=layer.k_norm, eps=layer.eps, qkv_bias=layer.qkv_bias, o_bias=layer.o_bias,
+                       kv_scales=layer.kv_scales)
     x, residual = ops.rms_norm(h, layer.post_norm, layer.eps, residual)
     if layer.attention_only:
         return x, residual

@@ -16,12 +16,25 @@
   their uint8 bit patterns (paddle has a CPU cast to float8_e4m3fn but no
   CPU gather/scatter for it). A slot never written holds codes 0, scale 0.
 
+- ``int8_static``: FastDeploy's C8 (``kv_cache_quant_type: int8`` with the
+  checkpoint's static per-channel scales, ``StaticKVScales``). The pool is
+  an int8 ``QuantizedKV`` like ``int8``'s, but a write stores
+  ``clip(rint(x), -127, 127)`` (ties to even, FastDeploy's
+  ``roundWithTiesToEven``) with the slot's scale fixed at 1: the caller has
+  already multiplied ``x`` by ``127 / S`` per channel (``static_quantize_input``).
+  Attention reads it as int8 codes (times 1); the caller folds ``S / 127``
+  into q and the output (``static_scale_queries`` / ``static_scale_output``):
+  ``q . (c S / 127) == (q S / 127) . c`` and ``sum p c S / 127 == S / 127 *
+  sum p c``, so only the fp32 rounding order differs from dequantizing the
+  codes. Every int8 kernel reads the pool unchanged; only the write differs.
+
 Per-token-per-head scales are FastDeploy's ``block_wise_fp8`` layout
 (``cache_k_scale [num_blocks, Hkv, block_size]`` beside the cache; ours is
 the same numbers ordered ``[num_blocks * block_size, Hkv]`` to match the
-reference cache rows). FastDeploy's ``int8`` / ``float8_e4m3fn`` read static
-per-channel scales from a calibrated checkpoint; fd-core computes dynamic
-per-token scales for those too (no checkpoint carries KV scales here).
+reference cache rows). FastDeploy's ``int8`` reads static per-channel scales
+from a calibrated checkpoint: that is ``int8_static``; fd-core's ``int8``
+and ``fp8`` compute dynamic per-token scales (FastDeploy's
+``float8_e4m3fn`` static scales are loaded but not applied).
 
 Numerics (relative to each (token, head) row's absmax): int8 error <=
 0.5/127 (0.39%), fp8 e4m3 error <= 2**-4 of the value (6.25%, 3 mantissa
@@ -32,12 +45,15 @@ paddle ops (``*_tensor`` functions).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 __all__ = [
     "KV_DTYPES",
+    "STATIC_KV_DTYPES",
+    "StaticKVScales",
     "bytes_per_token_head",
     "dequantize_tensor",
     "decode_fp8_e4m3",
@@ -46,14 +62,19 @@ __all__ = [
     "is_quantized",
     "quantize",
     "quantize_tensor",
+    "static_quantize_input",
+    "static_scale_output",
+    "static_scale_queries",
     "storage_dtype",
 ]
 
-KV_DTYPES = ("float32", "bfloat16", "float16", "int8", "fp8")
-_STORAGE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "int8": "int8", "fp8": "uint8"}
-_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1}
-_QMAX = {"int8": 127.0, "fp8": 448.0}
-SCALE_BYTES = 4  # one fp32 scale per (slot, KV head) for int8 / fp8
+KV_DTYPES = ("float32", "bfloat16", "float16", "int8", "fp8", "int8_static")
+STATIC_KV_DTYPES = ("int8_static",)  # written pre-scaled by the layer's StaticKVScales
+_STORAGE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "int8": "int8", "fp8": "uint8",
+            "int8_static": "int8"}
+_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1, "int8_static": 1}
+_QMAX = {"int8": 127.0, "fp8": 448.0, "int8_static": 127.0}
+SCALE_BYTES = 4  # one fp32 scale per (slot, KV head) for int8 / fp8 (fixed 1 for int8_static)
 
 
 def _check(kv_dtype: str) -> None:
@@ -142,6 +163,8 @@ def quantize(x: np.ndarray, kv_dtype: str) -> tuple[np.ndarray, np.ndarray | Non
         return x.astype(np.float16), None
     if kv_dtype == "bfloat16":
         return _bf16_bits(x), None
+    if kv_dtype == "int8_static":  # x is already x * 127 / S: round half to even, saturate
+        return np.clip(np.rint(x), -127, 127).astype(np.int8), np.ones(x.shape[:-1], dtype=np.float32)
     absmax = np.abs(x).max(axis=-1)
     scales = (absmax / np.float32(_QMAX[kv_dtype])).astype(np.float32)
     safe = np.where(scales > 0, scales, np.float32(1.0))[..., None]
@@ -161,7 +184,7 @@ def dequantize(stored: np.ndarray, scales: np.ndarray | None, kv_dtype: str) -> 
     if kv_dtype == "bfloat16":
         return _bf16_values(stored)
     assert scales is not None, "8-bit KV values need their scales"
-    values = stored.astype(np.float32) if kv_dtype == "int8" else decode_fp8_e4m3(stored)
+    values = decode_fp8_e4m3(stored) if kv_dtype == "fp8" else stored.astype(np.float32)
     return values * scales[..., None]
 
 
@@ -173,6 +196,8 @@ def quantize_tensor(paddle: Any, x: Any, kv_dtype: str) -> tuple[Any, Any]:
     x = x.astype("float32")
     if not is_quantized(kv_dtype):
         return x.astype(storage_dtype(kv_dtype)), None
+    if kv_dtype == "int8_static":
+        return paddle.clip(_rint_tensor(paddle, x), -127, 127).astype("int8"), paddle.ones(x.shape[:-1], "float32")
     scales = x.abs().max(axis=-1) / _QMAX[kv_dtype]
     safe = paddle.where(scales > 0, scales, paddle.ones_like(scales)).unsqueeze(-1)
     if kv_dtype == "int8":
@@ -187,5 +212,75 @@ def dequantize_tensor(paddle: Any, stored: Any, scales: Any, kv_dtype: str) -> A
     """``dequantize`` in paddle ops."""
     if not is_quantized(kv_dtype):
         return stored.astype("float32")
-    values = stored.astype("float32") if kv_dtype == "int8" else stored.view(paddle.float8_e4m3fn).astype("float32")
+    values = stored.view(paddle.float8_e4m3fn).astype("float32") if kv_dtype == "fp8" else stored.astype("float32")
     return values * scales.unsqueeze(-1)
+
+
+def _rint_tensor(paddle: Any, x: Any) -> Any:
+    """Round half to even in paddle ops (``paddle.round`` rounds half away from zero)."""
+    low = paddle.floor(x)
+    frac = x - low
+    odd = paddle.remainder(low, paddle.full_like(low, 2.0))  # 0 or 1: the sign follows the divisor
+    return paddle.where(frac > 0.5, low + 1, paddle.where(frac < 0.5, low, low + odd))
+
+
+# ------------------------------------------------------ static per-channel
+
+
+@dataclass(eq=False)
+class StaticKVScales:
+    """One layer's static per-channel KV scales: FastDeploy's
+    ``cachek_matmul`` / ``cachev_matmul.activation_scale`` (``S``, the
+    calibrated max |k| / |v| per channel, ``[Hkv * Dh]``). A write stores
+    ``clip(rint(x * (127 / S)), -127, 127)``; a read is ``code * (S / 127)``.
+    ``127 / S`` and ``S / 127`` are fp32 (FastDeploy computes them in the
+    model's dtype, and ``scale * x`` in it; fd-core's activations are fp32).
+    The model builds one per layer when it loads them; ``fd_core.ops.decoder.
+    self_attention`` applies them around an ``int8_static`` pool."""
+
+    k: Any  # [Hkv * Dh] paddle float: S_k
+    v: Any  # [Hkv * Dh] paddle float: S_v
+    layer: int | None = None  # the decoder layer, for messages
+    _factors: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def factors(self, num_kv_heads: int) -> dict[str, Any]:
+        """``k_quant, v_quant`` (127 / S) and ``k_dequant, v_dequant`` (S / 127),
+        fp32 ``[Hkv, Dh]``, computed once. Raises naming the layer when a
+        scale is not positive (a broken checkpoint)."""
+        if not self._factors:
+            factors = {}
+            for name, s in (("k", self.k), ("v", self.v)):
+                s = s.astype("float32").reshape([num_kv_heads, -1])
+                if not bool((s > 0).all()):
+                    where = "" if self.layer is None else f"layer {self.layer}'s "
+                    raise ValueError(f"static KV-cache scales: {where}cache{name}_matmul.activation_scale has a "
+                                     f"value that is not > 0 (min {float(s.min()):g}); expected each channel's "
+                                     "calibrated max |x|, positive")
+                factors[name + "_quant"] = 127.0 / s
+                factors[name + "_dequant"] = s / 127.0
+            self._factors.update(factors)
+        return self._factors
+
+
+def static_quantize_input(k: Any, v: Any, scales: StaticKVScales) -> tuple[Any, Any]:
+    """``k, v [T, Hkv, Dh]`` fp32 times ``127 / S`` per channel: what an
+    ``int8_static`` write rounds to codes."""
+    f = scales.factors(k.shape[1])
+    return k.astype("float32") * f["k_quant"], v.astype("float32") * f["v_quant"]
+
+
+def static_scale_queries(q: Any, scales: StaticKVScales, num_kv_heads: int) -> Any:
+    """``q [T, H, Dh]`` times ``S_k / 127`` of its KV head's channels (GQA:
+    head ``h`` reads KV head ``h // (H / Hkv)``), fp32."""
+    f = scales.factors(num_kv_heads)["k_dequant"]  # [Hkv, Dh]
+    t, h, d = q.shape
+    return (q.astype("float32").reshape([t, num_kv_heads, h // num_kv_heads, d]) * f.unsqueeze(1)).reshape([t, h, d])
+
+
+def static_scale_output(out: Any, scales: StaticKVScales, num_kv_heads: int) -> Any:
+    """Attention's output ``[T, H, Dh]`` over the codes times ``S_v / 127``
+    per channel of each head's KV head, in ``out``'s dtype."""
+    f = scales.factors(num_kv_heads)["v_dequant"]
+    t, h, d = out.shape
+    scaled = out.astype("float32").reshape([t, num_kv_heads, h // num_kv_heads, d]) * f.unsqueeze(1)
+    return scaled.reshape([t, h, d]).astype(out.dtype)

@@ -4,7 +4,8 @@ read blocks back as fp32, copy blocks.
 A pool is ``[S, Hkv, Dh]`` rows (``S = num_blocks * block_size``, slot
 ``block_id * block_size + offset``): a paddle tensor of dtype float32,
 bfloat16 or float16, or a ``QuantizedKV`` (int8 / fp8 codes ``[S, Hkv, Dh]``
-plus fp32 scales ``[S, Hkv]``, see ``fd_core.ops.kv_dtype``). Attention
+plus fp32 scales ``[S, Hkv]``; ``int8_static`` the same with every written
+scale 1, see ``fd_core.ops.kv_dtype``). Attention
 reads only the blocks a step needs and dequantizes those, so its math stays
 fp32. On CPU the data moves through numpy views of the pool (paddle's CPU
 scatter has no 8- or 16-bit kernels); elsewhere through paddle ops.
@@ -39,7 +40,7 @@ class QuantizedKV:
 
     codes: Any  # [S, Hkv, Dh] paddle int8 (int8) or uint8 (fp8 e4m3fn bit patterns)
     scales: Any  # [S, Hkv] paddle fp32: row s, head h holds codes[s, h, :] * scales[s, h]
-    kv_dtype: str  # "int8" or "fp8"
+    kv_dtype: str  # "int8", "fp8" or "int8_static" (scales fixed at 1: fd_core.ops.kv_dtype)
 
     @property
     def shape(self) -> list[int]:

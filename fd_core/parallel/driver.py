@@ -86,8 +86,10 @@ _TP_UNREDUCED = ("block_wise_fp8", "w4a8")
 
 def _check_quantization_splits(quantization: Any, config: Any, world: int) -> None:
     """Refuse a quantization method whose scales tensor parallelism would split unlike one
-    device (a rank's fp8 blocks / w4a8 groups are not reduced over the ranks)."""
-    if quantization is None:
+    device (a rank's fp8 blocks / w4a8 groups are not reduced over the ranks). An offline-
+    quantized checkpoint's stored scales are sliced, never recomputed per rank
+    (``fd_core.model_loader.offline``): it passes."""
+    if quantization is None or getattr(quantization, "offline", None) is not None:
         return
     q = quantization.for_architecture(config.architecture)
     methods = {q.dense_method, q.moe_method} if config.is_moe else {q.dense_method}

@@ -19,8 +19,10 @@ Each split parameter's shape becomes the local one, so quantization
 (``fd_core.quantization.apply``) quantizes only the rank's slice, and
 ``shard_targets`` rewrites the checkpoint targets so the loader reads only the
 rank's rows / columns of each tensor (``Target.source_index``): no rank ever
-holds the full model. A quantized row-parallel parameter takes the whole column's
-scales (``QuantizedParam.amax_reduce``: the per-channel maxima all-gathered while
+holds the full model (an offline-quantized checkpoint's stored codes and scales
+are cut to the same slices: ``fd_core.model_loader.offline``). A quantized
+row-parallel parameter takes the whole column's scales
+(``QuantizedParam.amax_reduce``: the per-channel maxima all-gathered while
 loading, so the communicator is bound before the load), and a w8a8 row-parallel
 linear quantizes its activations with the token's maximum over every rank
 (``_RowParallelOps``): quantized TP computes what one device does. The
@@ -148,13 +150,20 @@ class TensorParallel:
         self._shrink(moe.down_proj, names, Split(1, ((lo, hi),)))
         assert moe.up_gate_proj.shape[:2] == (e, d)
 
+    def kv_channels(self, c: Any) -> tuple[int, int]:
+        """This rank's KV channels ``[lo, hi)`` of the ``num_kv_heads * head_dim`` a K (or V)
+        projection has (its KV heads; one replicated head when there are fewer than ranks)."""
+        kv = local_kv_heads(c.num_kv_heads, self.world)
+        first_kv = self.rank * c.num_kv_heads // self.world if c.num_kv_heads < self.world else self.rank * kv
+        return first_kv * c.head_dim, (first_kv + kv) * c.head_dim
+
     def _attention(self, attn: Any, names: dict[int, str], c: Any) -> None:
         r, n, dh = self.rank, self.world, c.head_dim
         heads, kv = c.num_heads // n, local_kv_heads(c.num_kv_heads, n)
-        first_kv = r * c.num_kv_heads // n if c.num_kv_heads < n else r * kv
         q, kv_full = c.num_heads * dh, c.num_kv_heads * dh
         qs = _even(0, q, r, n)
-        ks = (q + first_kv * dh, q + (first_kv + kv) * dh)
+        k0, k1 = self.kv_channels(c)
+        ks = (q + k0, q + k1)
         vs = (ks[0] + kv_full, ks[1] + kv_full)
         self._linear(attn.qkv_proj, names, Split(1, (qs, ks, vs)))
         self._linear(attn.o_proj, names, Split(0, (qs,)))

@@ -36,7 +36,10 @@ are refused with a message saying so.
 FastDeploy's ``kv_cache_quant_type`` (in either JSON form) sets the KV
 cache's dtype, as ``--kv-cache-dtype`` does: ``int8`` -> int8,
 ``float8_e4m3fn`` and ``block_wise_fp8`` -> fp8 (e4m3), each with one fp32
-scale per token and KV head (``fd_core.ops.kv_dtype``). JSON holding only
+scale per token and KV head (``fd_core.ops.kv_dtype``). An offline
+checkpoint whose int8 KV cache carries static per-channel scales (W4A8C8)
+gets ``int8_static`` (FastDeploy's C8: its scales applied), and
+``--kv-cache-dtype int8`` means that for it. JSON holding only
 ``kv_cache_quant_type`` quantizes the KV cache and leaves the weights float.
 ``resolve_kv_cache_dtype`` combines it with ``--kv-cache-dtype`` and the
 backend's declared KV dtypes. Pure Python: the API process validates flags
@@ -164,6 +167,9 @@ def kv_cache_dtype_from_quantization(value: str | dict[str, Any] | QuantizationC
     """The KV dtype FastDeploy's ``kv_cache_quant_type`` asks for ("int8" or
     "fp8"), or None when ``value`` does not set it."""
     if isinstance(value, QuantizationConfig):  # an offline checkpoint's (fd_core.quantization.offline)
+        offline = value.offline
+        if value.kv_cache_dtype == "int8" and offline is not None and offline.static_kv_scales:
+            return "int8_static"  # its cachek/cachev_matmul scales are applied (fd_core.ops.kv_dtype)
         return value.kv_cache_dtype
     spec = _spec(value)
     return None if spec is None else _kv_cache_dtype(spec)
@@ -179,6 +185,12 @@ def resolve_kv_cache_dtype(requested: str, quantization: str | dict[str, Any] | 
     disagree and ``UnsupportedFeatureError`` when the backend does not
     declare the result (``declared``: its ``Capabilities.kv_cache_dtypes``)."""
     from_quant = kv_cache_dtype_from_quantization(quantization)
+    if requested == "int8" and from_quant == "int8_static":
+        requested = from_quant  # the checkpoint's int8 KV cache is the static one
+    if requested == "int8_static" and from_quant != "int8_static":
+        raise ValueError("--kv-cache-dtype int8_static needs an offline checkpoint with static per-channel "
+                         "KV-cache scales (FastDeploy's W4A8C8: cachek/cachev_matmul.activation_scale); use int8 "
+                         "for dynamic per-token scales")
     if requested != "auto" and from_quant is not None and from_quant != requested:
         raise ValueError(f"--kv-cache-dtype {requested} and --quantization kv_cache_quant_type "
                          f"({from_quant}) disagree; give one of the two")

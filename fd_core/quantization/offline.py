@@ -75,7 +75,10 @@ class OfflineQuantization:
         return tuple(sorted(used))
 
     def describe(self) -> str:
-        kv = f", kv cache {self.kv_cache_quant_type}" if self.kv_cache_quant_type else ""
+        kv = ""
+        if self.kv_cache_quant_type:  # int8's static scales are applied (int8_static); fp8's are not
+            kv = f", kv cache {self.kv_cache_quant_type}" + (" static per channel" if self.kv_cache_dtype == "int8"
+                                                            else "")
         experts = self.moe_method
         if self.moe_method == "wint2" and self.moe_w4_end_layer >= 0:
             experts = f"wint4 to layer {self.moe_w4_end_layer}, then wint2"

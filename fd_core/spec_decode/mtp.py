@@ -119,7 +119,7 @@ class MtpProposer(Proposer):
         self.runner = runner
         self.model = model
         self.mtp = load_mtp(model, config.model or model_dir, runner.dtype)
-        self.cache = self._attach_kv_layer(runner)
+        self.cache = self._attach_kv_layer(runner, self.mtp.layer.self_attn.kv_scales is not None)
         model.keep_hidden = True
         self.vocab_size = model.config.vocab_size
         self._tracked: set[str] = set()
@@ -128,10 +128,14 @@ class MtpProposer(Proposer):
         self.recorded: dict[str, list[tuple[int, int, np.ndarray]]] = {}
 
     @staticmethod
-    def _attach_kv_layer(runner: Any) -> KVCache:
-        """The block's KV layer: index L of the runner's pool (device and host tiers)."""
+    def _attach_kv_layer(runner: Any, static_scales: bool) -> KVCache:
+        """The block's KV layer: index L of the runner's pool (device and host tiers). Under an
+        offline W4A8C8 checkpoint's ``int8_static`` cache, a block without static KV scales of its
+        own gets the dynamic ``int8`` cache (same bytes per slot; the pools are per layer)."""
         c, ops = runner.config, runner.ops
         dtype = runner.kv_cache_dtype
+        if dtype == "int8_static" and not static_scales:
+            dtype = "int8"
         k, v = ops.allocate_kv_cache(runner.num_blocks, runner.block_size, runner.num_kv_heads, c.head_dim, dtype)
         cache = KVCache(k, v, dtype)
         runner.kv_caches.append(cache)

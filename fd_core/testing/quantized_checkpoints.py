@@ -49,6 +49,7 @@ FORMATS = ("fp8", "w4a8c8", "2bits")
 _DENSE = re.compile(r"^ernie\.layers\.(\d+)\.(self_attn\.(qkv|o)_proj|mlp\.(shared_experts\.)?(up_gate|down)_proj)\.weight$")
 _EXPERT = re.compile(r"^ernie\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(up_gate|down)_proj\.weight$")
 _CALIB_TOKENS = 256
+_KV_CALIB_TOKENS = 4096  # the KV cache's static scales: maxima over more tokens clip fewer values
 Tensor = tuple[np.ndarray, str]  # (host array, safetensors dtype)
 
 
@@ -99,10 +100,11 @@ def _expert(fmt: str, method: str, w: np.ndarray, act_max: float) -> dict[str, T
             "activation_scale": (np.array([act_max], dtype=np.float32), "F32")}
 
 
-def _calibration(reader: SafetensorsFile, layer: int, norm: str, hidden: int, seed: int) -> np.ndarray:
+def _calibration(reader: SafetensorsFile, layer: int, norm: str, hidden: int, seed: int,
+                 tokens: int = _CALIB_TOKENS) -> np.ndarray:
     rng = np.random.default_rng(seed * 1000 + layer)
     weight = reader.get(f"ernie.layers.{layer}.{norm}.weight").astype(np.float32)
-    return (rng.standard_normal((_CALIB_TOKENS, hidden)).astype(np.float32) * weight)
+    return (rng.standard_normal((tokens, hidden)).astype(np.float32) * weight)
 
 
 def _silu_mul(h: np.ndarray) -> np.ndarray:
@@ -137,11 +139,14 @@ def quantize_checkpoint(src: str | Path, out: str | Path, fmt: str, seed: int = 
             parts = _dense(fmt, w)
             if fmt == "w4a8c8" and dense.group(3) == "qkv":  # the int8 KV cache's per-channel maxima
                 layer = int(dense.group(1))
-                x = _calibration(reader, layer, "input_layernorm", hidden, seed)
-                proj = np.abs(x @ w)
-                for which, cols in (("cachek", slice(q, q + kv)), ("cachev", slice(q + kv, q + 2 * kv))):
+                x = _calibration(reader, layer, "input_layernorm", hidden, seed, _KV_CALIB_TOKENS)
+                k, v = x @ w[:, q:q + kv], x @ w[:, q + kv:q + 2 * kv]
+                # k is cached after the (interleaved) rotary embedding, which turns each pair
+                # (2i, 2i+1) by the position's angle: its bound is the pair's norm, not either value
+                pair = np.sqrt(k[:, 0::2] ** 2 + k[:, 1::2] ** 2)
+                for which, bound in (("cachek", np.repeat(pair, 2, axis=1)), ("cachev", np.abs(v))):
                     tensors[f"ernie.layers.{layer}.self_attn.{which}_matmul.activation_scale"] = (
-                        proj[:, cols].max(axis=0).astype(np.float32), "F32")
+                        bound.max(axis=0).astype(np.float32), "F32")
         elif expert is not None:
             layer = int(expert.group(1))
             method = "wint2" if fmt == "2bits" and layer > w4_end else ("wint4" if fmt == "2bits" else "w4a8")

@@ -75,7 +75,7 @@ def test_paddle_path_matches_numpy_path(kv_dtype):
 
 
 def test_bytes_per_token_head_counts_scales():
-    assert [kd.bytes_per_token_head(d, 128) for d in kd.KV_DTYPES] == [512, 256, 256, 132, 132]
+    assert [kd.bytes_per_token_head(d, 128) for d in kd.KV_DTYPES] == [512, 256, 256, 132, 132, 132]
     assert kd.bytes_per_token_head("int8", 16) == 20
     with pytest.raises(ValueError, match="got 'int4'"):
         kd.bytes_per_token_head("int4", 16)

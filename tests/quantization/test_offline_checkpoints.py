@@ -172,7 +172,7 @@ def test_kv_scales_load_per_channel(cpu_backend, offline):
     assert k.data.shape == [cfg["num_key_value_heads"] * cfg["head_dim"]]
 
 
-@pytest.mark.parametrize("fmt,kv", [("fp8", "float32"), ("w4a8c8", "int8"), ("2bits", "float32")])
+@pytest.mark.parametrize("fmt,kv", [("fp8", "float32"), ("w4a8c8", "int8_static"), ("2bits", "float32")])
 def test_llm_runs_without_a_flag(offline, fmt, kv):
     _, ck = offline[fmt]
     llm = LLM(str(ck), backend="cpu", max_model_len=128, num_gpu_blocks_override=32, block_size=16)

@@ -205,3 +205,20 @@ def test_fd_gen_checkpoint_mtp_flag_writes_the_block(tmp_path):
     assert "ernie.mtp_block.0.self_attn.qkv_proj.weight" in names
     assert "ernie.mtp_block.0.mlp.experts.7.up_gate_proj.weight" in names  # the MoE block's routed experts
     assert {"ernie.mtp_emb_norm.0.weight", "ernie.mtp_hidden_norm.0.weight"} <= names
+
+
+def test_mtp_with_an_offline_w4a8c8_checkpoint_equals_no_speculation(checkpoint_factory, tmp_path):
+    """The target's int8 KV cache is static per channel (int8_static, its scales applied); the MTP
+    block carries no static KV scales, so its own KV layer is the dynamic int8 cache."""
+    from fd_core.testing.quantized_checkpoints import quantize_checkpoint
+
+    src = checkpoint_factory("tiny-moe", "paddle", num_nextn_predict_layers=1)
+    model = quantize_checkpoint(src, tmp_path / "w4a8c8", "w4a8c8")
+    prompts = _prompts(4)
+    expected, plain = _run(model, prompts)
+    assert plain.engine.core.runner.kv_cache_dtype == "int8_static"
+    got, llm = _run(model, prompts, speculative_config={"method": "mtp", "num_speculative_tokens": 2},
+                    max_num_batched_tokens=37)
+    assert got == expected
+    _check_ran(llm)
+    assert [c.dtype for c in llm.engine.core.runner.kv_caches][-2:] == ["int8_static", "int8"]

@@ -110,8 +110,11 @@ def fd_device_capabilities() -> Capabilities:
     # bf16: 16-bit weights run native kernels (fd_x86.dense16; the bf16 GEMM rounds activations
     # to bf16), so --dtype auto keeps a bf16 / fp16 checkpoint's dtype on a CPU that has them
     # block_wise_fp8: native linears (fd_x86.fp8) on AVX-512, the reference for experts; w4a8: the reference
-    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8", "block_wise_fp8", "w4a8"),
-                        kv_cache_dtypes=("float32", "bfloat16", "float16", "int8", "fp8"), bf16=_dense16_native())
+    # w4a8_static, wint2 (offline checkpoints' experts): native on AVX-512 VNNI (fd_x86.offline), else the reference
+    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8", "block_wise_fp8", "w4a8", "wint2",
+                                              "w4a8_static"),
+                        kv_cache_dtypes=("float32", "bfloat16", "float16", "int8", "fp8", "int8_static"),
+                        bf16=_dense16_native())
 
 
 def _dense16_native() -> bool:
@@ -130,7 +133,8 @@ def fd_set_device(device_id: int) -> str:
 
 @hookimpl
 def fd_linear(x: Tensor, weight: Tensor | None, bias: Tensor | None, quant: Any) -> Tensor | None:
-    """``x @ W + bias`` for wint8 / wint4 / w8a8 weights and for unquantized
+    """``x @ W + bias`` for wint8 / wint4 / w8a8 weights (2-D w4a8_static / wint2
+    too, ``fd_x86.offline``, on AVX-512 VNNI) and for unquantized
     bf16 / fp16 CPU weights (``fd_x86.dense16``); None otherwise (the
     reference answers), or when the ops cannot be built (logged once)."""
     if _build_failed:
@@ -149,11 +153,14 @@ def fd_linear(x: Tensor, weight: Tensor | None, bias: Tensor | None, quant: Any)
     from fd_x86.fp8 import METHOD as FP8
     from fd_x86.fp8 import available as fp8_available
     from fd_x86.linear import METHODS, quantized_linear
+    from fd_x86.offline import offline_linear
+    from fd_x86.offline import runs as offline_runs
 
-    if quant.method not in METHODS and not (quant.method == FP8 and fp8_available()):
+    offline = offline_runs(quant.method) and len(quant.qweight.shape) == 2
+    if quant.method not in METHODS and not (quant.method == FP8 and fp8_available()) and not offline:
         return None
     try:
-        out = quantized_linear(x, quant)
+        out = offline_linear(x, quant) if offline else quantized_linear(x, quant)
     except build.BuildError as exc:
         _build_failed.append(str(exc))
         logger.warning("fd_x86: %s; quantized linears fall back to fd-core's reference", exc)

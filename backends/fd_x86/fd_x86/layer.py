@@ -9,7 +9,8 @@ separate ops: the norms, the packed quantized linears, the fused QKV /
 rotary / cache store and the paged decode attention.
 
 It answers decode-only steps whose layers' four linear weights are each
-quantized with wint8, wint4 or w8a8, or unquantized bf16 / fp16 (``--dtype
+quantized with wint8, wint4, w8a8 or block_wise_fp8 (AVX-512: ``fd_x86.fp8``'s
+kernels, the weight read in place), or unquantized bf16 / fp16 (``--dtype
 bfloat16|float16``: ``fd_x86.dense16``'s kernel, in place), on fp32 CPU activations (norm weights
 may be bf16/fp16 under ``--dtype``: upcast once, cached with the run), over
 KV caches of any ``--kv-cache-dtype`` the native KV ops read (fp32; bf16,
@@ -49,11 +50,14 @@ from fd_core.ops.linear import QuantizedWeight
 from fd_x86 import ops as x86_ops
 from fd_x86.build import load_ops
 from fd_x86.dense16 import dense16_enabled
+from fd_x86.fp8 import available as fp8_available
+from fd_x86.fp8 import resident_codes as fp8_resident_codes
 from fd_x86.linear import _PACKED_METHOD, METHODS, WINT8_PACKED_MAX_ROWS, _packed, _use_packed
 
 __all__ = ["decoder_layers"]
 
 WINT8_CONTRACT = 3  # the op's kernel code for wint8 on the contract layout [out, in]
+BLOCK_FP8 = 8  # its code for block_wise_fp8 codes [out, in] (packed_linear.h's kBlockFp8Method)
 DENSE16 = {"paddle.bfloat16": 4, "paddle.float16": 5}  # its codes for 16-bit weights [in, out] (packed_linear.h)
 STEP_KEY = "x86.layer"  # in metadata.workspace: the step's index tensors
 # Per model (keyed by its rotary table, which it owns for its lifetime, through a weak
@@ -136,6 +140,15 @@ def _packed_linears(layer: Any, contract: bool) -> tuple[list[Any], list[int], l
             weights += [quant, _no_scales()]
             methods.append(code)
             widths.append(int(quant.shape[1]))
+            groups.append(-1)
+            continue
+        if quant.method == "block_wise_fp8" and len(quant.qweight.shape) == 2 and fp8_available():
+            # read in place by fd_x86.fp8's kernels (csrc/fp8_kernels.h)
+            if not quant.qweight.is_contiguous() or not quant.scales.is_contiguous():
+                return None
+            weights += [fp8_resident_codes(quant), quant.scales]
+            methods.append(BLOCK_FP8)
+            widths.append(int(quant.out_features))
             groups.append(-1)
             continue
         if quant.method not in METHODS:

@@ -8,7 +8,9 @@ wint8 / wint4 / w8a8 contract-layout kernels on its slice of the stacked
 weight (read in place: no repacked copy, so the experts' memory is not
 doubled; each selected expert read once per call); wint4 experts whose
 input width and group size are multiples of 128 run a lookup-table kernel
-(``csrc/kernels_moe_avx512.cc``). Before it, a decode step of the mid-size
+(``csrc/kernels_moe_avx512.cc``); the offline checkpoints' w4a8_static and
+wint2 experts run their own kernels in the same op (``fd_x86.offline``;
+AVX-512 VNNI, else None and the reference answers). Before it, a decode step of the mid-size
 MoE spent ~0.3-0.4 ms per MoE layer in Python, gathers and scatters around
 the per-expert kernel calls (``benchmarks/moe_decode.py --profile``); the op
 made the step 1.35-1.55x faster at B = 1 and 8 (1 thread, README).
@@ -54,11 +56,16 @@ from fd_core.ops.moe import grouped_experts
 from fd_core.quantization.weights import expert_weight
 from fd_x86 import ops as x86_ops
 from fd_x86.build import load_ops
+from fd_x86.fp8 import METHOD as FP8
+from fd_x86.fp8 import available as fp8_available
+from fd_x86.fp8 import expert_block_fp8_linear
 from fd_x86.linear import METHODS, PREFILL_INT8_MIN_ROWS, prefill_int8_enabled, quantized_linear
+from fd_x86.offline import METHOD_CODE as _OFFLINE_CODE
+from fd_x86.offline import runs as _offline_runs
 
 __all__ = ["layer_enabled", "moe_experts", "moe_layer", "moe_layer_experts", "native_enabled", "select_experts"]
 
-_METHOD_CODE = {"wint8": 0, "wint4": 1, "w8a8": 2}  # fd_x86_moe_experts' ``method``
+_METHOD_CODE = {"wint8": 0, "wint4": 1, "w8a8": 2, **_OFFLINE_CODE}  # fd_x86_moe_experts' ``method``
 _NO_BIAS: list[Any] = []  # a 1-element fp32 tensor standing in for a missing correction bias
 _LAYER_KEY = "x86.moe_layer"  # in the stacked up_gate weight's backend_cache
 
@@ -81,9 +88,13 @@ def moe_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any) -> Any:
     if quant is None:
         return None
     up_q, down_q = quant
-    if up_q.method not in METHODS or down_q.method != up_q.method or len(x.shape) != 2 \
+    if up_q.method == FP8 and down_q.method == FP8:
+        return _fp8_experts(x, topk_weights, topk_ids, up_q, down_q)
+    if not _experts_run(up_q, down_q) or down_q.method != up_q.method or len(x.shape) != 2 \
             or len(up_q.qweight.shape) != 3 or len(down_q.qweight.shape) != 3 or not x86_ops._host(x):
         return None
+    if up_q.method in _OFFLINE_CODE and not native_enabled():
+        return None  # the per-expert path below has contract-layout kernels only: the reference answers
     if native_enabled():
         return _native_experts(x, topk_weights, topk_ids, up_q, down_q)
 
@@ -92,6 +103,28 @@ def moe_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any) -> Any:
 
     def down(expert: int, rows: Any) -> Any:
         return quantized_linear(rows, expert_weight(down_q, expert), repack=False)
+
+    def act(h: Any) -> Any:
+        out = x86_ops.silu_and_mul(h)
+        return out if out is not None else reference_silu_and_mul(h)
+
+    return grouped_experts(x, topk_weights, topk_ids, int(up_q.qweight.shape[0]), up_gate, down, act)
+
+
+def _fp8_experts(x: Any, topk_weights: Any, topk_ids: Any, up_q: Any, down_q: Any) -> Any:
+    """block_wise_fp8 routed experts (the FP8 checkpoints' and ``--quantization
+    block_wise_fp8``'s): the host groups the tokens by expert (``grouped_experts``) and
+    each expert's two projections run fd_x86's fp8 kernel on its slice of the stacked
+    codes; None where that kernel does not run (the reference answers)."""
+    if not (native_enabled() and fp8_available()) or len(x.shape) != 2 or len(up_q.qweight.shape) != 3 \
+            or len(down_q.qweight.shape) != 3 or not x86_ops._host(x):
+        return None
+
+    def up_gate(expert: int, rows: Any) -> Any:
+        return expert_block_fp8_linear(rows, up_q, expert)
+
+    def down(expert: int, rows: Any) -> Any:
+        return expert_block_fp8_linear(rows, down_q, expert)
 
     def act(h: Any) -> Any:
         out = x86_ops.silu_and_mul(h)
@@ -111,7 +144,7 @@ def moe_layer_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any, shar
             or not _is_2d_quant(shared_down):
         return None
     up_q, down_q = quant
-    if up_q.method not in METHODS or down_q.method != up_q.method or len(x.shape) != 2 \
+    if not _experts_run(up_q, down_q) or down_q.method != up_q.method or len(x.shape) != 2 \
             or len(up_q.qweight.shape) != 3 or len(down_q.qweight.shape) != 3 or not x86_ops._host(x) \
             or shared_up_gate.method not in METHODS or shared_down.method != shared_up_gate.method:
         return None
@@ -157,7 +190,7 @@ def _layer_entry(up_q: Any, objs: tuple[Any, ...], quant: Any, shared_up_gate: A
     attrs: tuple[int, ...] = ()
     up_q, down_q = quant
     has_shared = shared_up_gate is not None or shared_down is not None
-    fits = (up_q.method in METHODS and down_q.method == up_q.method and len(up_q.qweight.shape) == 3
+    fits = (_experts_run(up_q, down_q) and down_q.method == up_q.method and len(up_q.qweight.shape) == 3
             and len(down_q.qweight.shape) == 3 and len(gate.shape) == 2 and x86_ops._host(gate)
             and gate.is_contiguous() and int(gate.shape[1]) == int(up_q.qweight.shape[0])
             and int(gate.shape[0]) == int(up_q.in_features))
@@ -186,6 +219,18 @@ def _layer_entry(up_q: Any, objs: tuple[Any, ...], quant: Any, shared_up_gate: A
             return entry
     cache[_LAYER_KEY] = entry
     return entry
+
+
+def _experts_run(up_q: Any, down_q: Any) -> bool:
+    """The routed experts' method has a native kernel here: the contract
+    layouts' (``METHODS``) or, on AVX-512 VNNI CPUs, the offline formats'
+    (``fd_x86.offline``) where the widths fit them (wint2: inputs a multiple
+    of 128, w4a8_static: even)."""
+    method = up_q.method
+    if method in METHODS:
+        return True
+    multiple = 128 if method == "wint2" else 2
+    return _offline_runs(method) and up_q.in_features % multiple == 0 and down_q.in_features % multiple == 0
 
 
 def _is_2d_quant(weight: Any) -> bool:

@@ -12,7 +12,11 @@ on any CPU, and on one with AVX-512 F/BW/VL/DQ also bfloat16 / float16 pools
 and int8 / fp8 ``QuantizedKV`` pools (codes and scales passed to the ``_q8``
 ops), bit-identical to the reference's ``quantize`` on write and widening in
 registers on read; q, k, v themselves stay fp32. Without AVX-512 a non-fp32
-pool returns None.
+pool returns None. An ``int8_static`` pool (FastDeploy's C8, values arriving
+pre-scaled by ``127 / S``) is written by its own op (codes ``clip(rint(x))``,
+scales 1) and read by the int8 attention ops; the fused rotate-and-store and
+the fused layer (``fd_x86.layer``) decline it (``_kv_parts``), so its rows
+reach the cache only through ``write_kv_cache``.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ def _host(*tensors: Any) -> bool:
     return bool(tensors[0].place.is_cpu_place())
 
 
+_STATIC = "int8_static"  # fd_core.ops.kv_dtype.STATIC_KV_DTYPES
 _AVX512: list[bool] = []  # [whether the CPU has what the non-fp32 KV kernels need], once
 _HALF_POOLS = ("paddle.bfloat16", "paddle.float16")
 
@@ -66,14 +71,18 @@ def _avx512() -> bool:
     return _AVX512[0]
 
 
-def _kv_parts(k_cache: Any, v_cache: Any) -> tuple[Any, Any, Any, Any] | None:
+def _kv_parts(k_cache: Any, v_cache: Any, static: bool = False) -> tuple[Any, Any, Any, Any] | None:
     """``(k data, v data, k scales, v scales)`` of a layer's two pools when the
     native ops read them (scales None unless int8 / fp8), else None: a pool
-    off the CPU, not contiguous, of another dtype, or not fp32 without AVX-512."""
+    off the CPU, not contiguous, of another dtype, or not fp32 without AVX-512.
+    An ``int8_static`` pool only when ``static`` (its caller handles it)."""
     k_codes = getattr(k_cache, "codes", None)  # a QuantizedKV
     if k_codes is not None:
         v_codes = getattr(v_cache, "codes", None)
         if v_codes is None or v_codes.dtype != k_codes.dtype or not _avx512():
+            return None
+        kinds = (getattr(k_cache, "kv_dtype", None), getattr(v_cache, "kv_dtype", None))
+        if kinds[0] != kinds[1] or (not static and _STATIC in kinds):
             return None
         parts = (k_codes, v_codes, k_cache.scales, v_cache.scales)
     else:
@@ -135,11 +144,14 @@ def write_kv_cache(k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any
     """Rows ``k, v [T, Hkv, Dh]`` into the reference layout's caches
     ``[S, Hkv, Dh]`` at ``slot_mapping`` (-1: skipped), rounded / quantized
     to the pools' dtype, in place; True."""
-    parts = _kv_parts(k_cache, v_cache)
+    parts = _kv_parts(k_cache, v_cache, static=True)
     if parts is None or not _host(k, v):
         return None
     k_data, v_data, k_scales, v_scales = parts
-    if k_scales is None:
+    if getattr(k_cache, "kv_dtype", None) == _STATIC:
+        load_ops().fd_x86_write_kv_cache_i8s(_dense(k), _dense(v), k_data, v_data, k_scales, v_scales,
+                                             _int64(slot_mapping))
+    elif k_scales is None:
         load_ops().fd_x86_write_kv_cache(_dense(k), _dense(v), k_data, v_data, _int64(slot_mapping))
     else:
         load_ops().fd_x86_write_kv_cache_q8(_dense(k), _dense(v), k_data, v_data, k_scales, v_scales,
@@ -178,8 +190,9 @@ def _tables(metadata: Any, key: str, first: int, last: int) -> tuple[Any, ...]:
 
 def _attention_pools(q: Any, k_cache: Any, v_cache: Any) -> tuple[Any, ...] | None:
     """The pools as the attention ops take them (``(k, v)``, or ``(k codes,
-    v codes, k scales, v scales)`` for the ``_q8`` ops), or None."""
-    parts = _kv_parts(k_cache, v_cache)
+    v codes, k scales, v scales)`` for the ``_q8`` ops; an ``int8_static``
+    pool is int8 codes with scales 1), or None."""
+    parts = _kv_parts(k_cache, v_cache, static=True)
     if parts is None or not _host(q) or len(q.shape) != 3:
         return None
     num_heads, head_dim, num_kv = q.shape[1], q.shape[2], parts[0].shape[1]

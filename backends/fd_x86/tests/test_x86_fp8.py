@@ -1,6 +1,8 @@
-"""The block-wise fp8 op (fd_x86.fp8) against fd-core's reference numerics,
-on odd shapes (tails in K, N and the 128-blocks), subnormal and extreme
-weights and activations, and through the backend's fd_linear."""
+"""The block-wise fp8 op (fd_x86.fp8), both kernels (fp32 FMA; vdpbf16ps
+where the CPU has AVX-512 BF16 + VBMI), against fd-core's reference
+numerics, on odd shapes (tails in K, N and the 128-blocks; row counts that
+split into several tiles and row blocks), subnormal and extreme weights and
+activations, and through the backend's fd_linear."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ from fd_core.quantization import quantize_weight  # noqa: E402
 from fd_core.quantization.block_fp8 import block_fp8_linear as reference  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_features().has(*AVX512_FLAGS), reason="no AVX-512 on this CPU")
-ROWS = (1, 2, 3, 5, 37)
-SHAPES = [(128, 128), (200, 130), (1024, 300), (64, 7), (300, 1000)]  # (in, out)
+ROWS = (1, 2, 3, 5, 8, 37, 64)
+SHAPES = [(128, 128), (200, 130), (1024, 300), (64, 7), (300, 1000), (3072, 36)]  # (in, out)
+HAS_BF16 = cpu_features().has("avx512_bf16", "avx512vbmi")
+KERNELS = ["fma", pytest.param("bf16", marks=pytest.mark.skipif(not HAS_BF16, reason="no AVX-512 BF16 + VBMI"))]
 
 
 def _close(got: np.ndarray, want: np.ndarray) -> None:
@@ -23,9 +27,10 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6 * max(1.0, float(np.abs(want).max())))
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("d_in,d_out", SHAPES)
-def test_matches_the_reference(rows, d_in, d_out):
+def test_matches_the_reference(rows, d_in, d_out, kernel):
     from fd_x86.fp8 import block_fp8_linear
 
     rng = np.random.default_rng(rows * 7919 + d_in + d_out)
@@ -39,14 +44,16 @@ def test_matches_the_reference(rows, d_in, d_out):
     w[: min(128, d_in), -1] *= 1e-3  # small against its block: subnormal e4m3 weights
     q = quantize_weight("block_wise_fp8", w)
     xt = paddle.to_tensor(x)
-    got = block_fp8_linear(xt, q, threads=2).numpy()
+    got = block_fp8_linear(xt, q, threads=2, kernel=kernel).numpy()
     want = reference(xt, q).numpy()
     _close(got, want)
     if rows >= 3:
         np.testing.assert_array_equal(got[1], 0.0)
+    np.testing.assert_array_equal(block_fp8_linear(xt, q, threads=1, kernel=kernel).numpy(), got)  # no race
 
 
-def test_every_code_decodes():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_code_decodes(kernel):
     """All 254 finite e4m3 codes (subnormals and +-448 included) through the op."""
     from fd_x86.fp8 import block_fp8_linear
 
@@ -58,9 +65,45 @@ def test_every_code_decodes():
     quant = QuantizedWeight("block_wise_fp8", paddle.to_tensor(qweight), paddle.ones([2, 2]), 256, 254, -1)
     x = np.zeros((1, 256), dtype=np.float32)
     x[0, :128], x[0, 128:] = 448.0, 448.0  # activation codes 448, scales exactly 1
-    got = block_fp8_linear(paddle.to_tensor(x), quant, threads=1).numpy()[0]
+    got = block_fp8_linear(paddle.to_tensor(x), quant, threads=1, kernel=kernel).numpy()[0]
     want = reference(paddle.to_tensor(x), quant).numpy()[0]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_activation_code_against_every_weight_code(kernel):
+    """Products of all finite e4m3 pairs, one per output: activation code a
+    (its group's scale exactly 1: the group holds 448) times weight code w,
+    exact in fp32, so the op equals the table product bit for bit."""
+    from fd_x86.fp8 import block_fp8_linear
+
+    from fd_core.ops.linear import QuantizedWeight
+    from fd_core.quantization.block_fp8 import E4M3_VALUES
+
+    finite = np.array([c for c in range(256) if c not in (0x7F, 0xFF)], dtype=np.uint8)
+    x = np.zeros((len(finite), 256), dtype=np.float32)
+    x[:, 128] = 448.0  # second group: scale 1; the first group holds the code under test and 448
+    x[:, 0] = 448.0
+    x[:, 1] = E4M3_VALUES[finite]
+    qweight = np.zeros((254, 256), dtype=np.uint8)
+    qweight[:, 1] = finite  # output o multiplies input 1 by weight code o
+    quant = QuantizedWeight("block_wise_fp8", paddle.to_tensor(qweight), paddle.ones([2, 2]), 256, 254, -1)
+    got = block_fp8_linear(paddle.to_tensor(x), quant, threads=2, kernel=kernel).numpy()
+    want = np.outer(E4M3_VALUES[finite], E4M3_VALUES[finite])  # [activation, weight]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_auto_runs_the_selected_kernel_and_bad_names_are_refused():
+    from fd_x86.fp8 import block_fp8_linear, selected_kernel
+
+    assert selected_kernel() == ("bf16" if HAS_BF16 else "fma")
+    rng = np.random.default_rng(3)
+    x = paddle.to_tensor(rng.normal(0, 1, (5, 300)).astype(np.float32))
+    q = quantize_weight("block_wise_fp8", rng.normal(0, 0.05, (300, 70)).astype(np.float32))
+    np.testing.assert_array_equal(block_fp8_linear(x, q, 2).numpy(),
+                                  block_fp8_linear(x, q, 2, kernel=selected_kernel()).numpy())
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        block_fp8_linear(x, q, 2, kernel="amx")
 
 
 def test_backend_answers_fp8_linears_and_leaves_other_methods(cpu_backend_x86):
@@ -89,8 +132,9 @@ def cpu_backend_x86():
 @pytest.mark.parametrize("shape", ["tiny-dense", "tiny-moe"])
 def test_models_run_fp8_on_x86_like_the_reference(tmp_path, monkeypatch, shape):
     """The x86 backend lists block_wise_fp8 and w4a8: its fp8 linears are native
-    (each call checked against the reference inside the model run), experts and
-    w4a8 fall back to the reference; greedy tokens equal the CPU reference's."""
+    (each call checked against the reference inside the model run; routed experts
+    take the same kernel per expert, test_x86_moe.py), w4a8 falls back to the
+    reference; greedy tokens equal the CPU reference's."""
     import fd_x86.fp8
 
     from fd_core.backends.registry import get_backend
@@ -120,3 +164,49 @@ def test_models_run_fp8_on_x86_like_the_reference(tmp_path, monkeypatch, shape):
             results.append(greedy_generate(runner, prompts, 8, chunk_size=8))
         assert results[0][0] == results[1][0], method
     assert len(calls) > 8 and max(calls) > 3  # decode and prefill-sized calls both ran natively
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_fused_decoder_layers_take_fp8_like_the_composed_ops(monkeypatch, batch):
+    """fd_x86.layer runs block_wise_fp8 layers in the fused decode op (the
+    same kernel as the separate fp8 linears: equal to their composition)."""
+    import fd_x86.layer as fused
+    import test_x86_layer as layer_tests
+    from fd_x86.linear import _use_packed
+
+    from fd_core.backends import get_backend
+
+    if not _use_packed("auto"):
+        pytest.skip("no packed kernels here (AVX-512 VNNI, FD_X86_REPACK): the fused layer always declines")
+    monkeypatch.delenv("FD_X86_FUSED_LAYER", raising=False)
+    fused._enabled.cache_clear()
+    try:
+        layer = layer_tests._layer("block_wise_fp8")
+        step = layer_tests._step(batch, True, seed=batch)
+        got = layer_tests._run_fused(layer, step)
+        want = layer_tests._run_composed(get_backend("x86").ops, layer, step)
+        layer_tests._assert_same(got, want, rtol=1e-5, atol=1e-5)
+    finally:
+        fused._enabled.cache_clear()
+
+
+def test_codes_are_copied_once_into_huge_pages_and_follow_the_weight(monkeypatch):
+    from fd_x86 import memory
+    from fd_x86.fp8 import resident_codes
+    from fd_x86.linear import _use_packed
+
+    rng = np.random.default_rng(4)
+    q = quantize_weight("block_wise_fp8", rng.normal(0, 0.05, (256, 130)).astype(np.float32))
+    codes = resident_codes(q)
+    np.testing.assert_array_equal(codes.numpy(), q.qweight.numpy())
+    if not (memory.enabled() and _use_packed("auto")):
+        assert codes is q.qweight
+        return
+    assert codes is not q.qweight and resident_codes(q) is codes  # one copy, cached
+    q.qweight = paddle.to_tensor(np.ascontiguousarray(q.qweight.numpy()[:, ::-1]))  # a new weight: a new copy
+    again = resident_codes(q)
+    assert again is not codes
+    np.testing.assert_array_equal(again.numpy(), q.qweight.numpy())
+    monkeypatch.setenv("FD_X86_HUGEPAGES", "0")  # copies off: the weight itself
+    plain = quantize_weight("block_wise_fp8", np.ones((128, 128), np.float32))
+    assert resident_codes(plain) is plain.qweight

@@ -317,3 +317,31 @@ def test_layer_experts_decline_what_the_op_does_not_take(monkeypatch: pytest.Mon
     monkeypatch.delenv("FD_X86_MOE_NATIVE")
     with pytest.raises(Exception, match="shared down"):
         fd_x86.moe.moe_layer_experts(x, weights, ids, quant, shared[0], _shared("wint8", rng)[0])
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 33])
+def test_block_fp8_experts_run_the_fp8_kernel_per_expert(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """block_wise_fp8 experts (FP8 checkpoints): each expert's projections on fd_x86's fp8
+    kernel over its slice of the stacked codes, equal to the reference's grouped experts
+    (fp32 summation order aside: a silu ulp may move one e4m3 activation code of down)."""
+    import fd_x86.fp8
+
+    from fd_core.quantization.reference import quantized_moe_experts
+
+    if not fd_x86.fp8.available():
+        pytest.skip("no native fp8 kernel on this CPU")
+    rng = np.random.default_rng(tokens + 100)
+    quant = _stacked("block_wise_fp8", rng)
+    x = paddle.to_tensor(rng.standard_normal((tokens, D)).astype(np.float32))
+    weights, ids = _routing(rng, tokens, 4)
+    calls = []
+    native = fd_x86.fp8.expert_block_fp8_linear
+    monkeypatch.setattr(fd_x86.moe, "expert_block_fp8_linear",
+                        lambda *a, **k: calls.append(a[2]) or native(*a, **k))
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    want = quantized_moe_experts(x, weights, ids, quant).numpy()
+    got = fd_x86.moe.moe_experts(x, weights, ids, quant).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-2 * float(np.abs(want).max()))
+    assert len(calls) == 2 * len(set(ids.numpy().reshape(-1).tolist()))  # up_gate and down per expert with tokens
+    monkeypatch.setenv("FD_X86_MOE_NATIVE", "0")
+    assert fd_x86.moe.moe_experts(x, weights, ids, quant) is None  # off: the reference answers

@@ -588,6 +588,18 @@ void store_fp8(const float* x, uint8_t* out, float* scale, int64_t Dh) {
   }
 }
 
+// int8_static: codes = clip(rint(x), -127, 127), round half to even (FastDeploy's
+// roundWithTiesToEven; x is already x * 127 / S), and the slot's scale 1
+void store_int8_static(const float* x, int8_t* out, float* scale, int64_t Dh) {
+  *scale = 1.0f;
+  for (int64_t d = 0; d < Dh; d += 16) {
+    const __mmask16 m = tail_mask(Dh - d);
+    __m512 r = _mm512_roundscale_ps(_mm512_maskz_loadu_ps(m, x + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_max_ps(_mm512_min_ps(r, _mm512_set1_ps(127.0f)), _mm512_set1_ps(-127.0f));
+    _mm512_mask_cvtepi32_storeu_epi8(out + d, m, _mm512_cvttps_epi32(r));
+  }
+}
+
 }  // namespace
 
 namespace fdx86 {
@@ -597,7 +609,8 @@ void paged_attention_avx512(const AttentionArgs& a) {
     case KvDtype::kF32: paged_attention<KvF32>(a); break;
     case KvDtype::kBf16: paged_attention<KvBf16>(a); break;
     case KvDtype::kF16: paged_attention<KvF16>(a); break;
-    case KvDtype::kInt8: paged_attention<KvInt8>(a); break;
+    case KvDtype::kInt8:
+    case KvDtype::kInt8Static: paged_attention<KvInt8>(a); break;  // its scales are 1
     case KvDtype::kFp8: paged_attention<KvFp8>(a); break;
   }
 }
@@ -617,6 +630,9 @@ void store_kv_avx512(KvDtype dt, const float* x, void* cache, float* scales, con
         case KvDtype::kF16: store_f16(row, static_cast<uint16_t*>(cache) + dst * Dh, Dh); break;
         case KvDtype::kInt8: store_int8(row, static_cast<int8_t*>(cache) + dst * Dh, scales + dst, Dh); break;
         case KvDtype::kFp8: store_fp8(row, static_cast<uint8_t*>(cache) + dst * Dh, scales + dst, Dh); break;
+        case KvDtype::kInt8Static:
+          store_int8_static(row, static_cast<int8_t*>(cache) + dst * Dh, scales + dst, Dh);
+          break;
       }
     }
   }

@@ -15,9 +15,12 @@ namespace fdx86 {
 // Element type of a KV pool [S, Hkv, Dh] (fd_core.ops.kv_dtype): fp32;
 // bf16 / fp16 (uint16 bit patterns); int8 codes or fp8 e4m3fn codes (uint8
 // bit patterns), each with fp32 scales [S, Hkv]: x[s, h, :] ~= code * scale.
-enum class KvDtype : int { kF32 = 0, kBf16 = 1, kF16 = 2, kInt8 = 3, kFp8 = 4 };
+// kInt8Static (int8_static, FastDeploy's C8): int8 codes whose writes are
+// clip(rint(x), -127, 127) (x already times 127 / S per channel) with scale
+// 1; read exactly as kInt8.
+enum class KvDtype : int { kF32 = 0, kBf16 = 1, kF16 = 2, kInt8 = 3, kFp8 = 4, kInt8Static = 5 };
 
-inline bool kv_scaled(KvDtype dt) { return dt == KvDtype::kInt8 || dt == KvDtype::kFp8; }
+inline bool kv_scaled(KvDtype dt) { return dt != KvDtype::kF32 && dt != KvDtype::kBf16 && dt != KvDtype::kF16; }
 
 // Stores rows x [tokens, Hkv, Dh] fp32 into a non-fp32 pool at rows
 // slots[t] (negative: skipped), bit-identical to fd_core.ops.kv_dtype's

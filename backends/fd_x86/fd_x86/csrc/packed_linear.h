@@ -25,6 +25,9 @@ constexpr int kDense16Method = 4;
 // wint8 weight in the contract layout [N, K] (method 3's) on w8a8's VNNI
 // kernel (wint8 and w8a8 share the weight format).
 constexpr int kWint4Int8Act = 6, kWint8Int8Act = 7;
+// 8 = a block_wise_fp8 weight read in place: uint8 e4m3 codes [N, K], scales
+// fp32 [ceil(N/128), ceil(K/128)] (fp8_kernels.h's block_fp8_linear_f32).
+constexpr int kBlockFp8Method = 8;
 LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t K, const paddle::Tensor& packed,
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads);
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "fp8_kernels.h"
 #include "kernels.h"
 #include "packed_linear.h"
 #include "prefill_kernels.h"
@@ -97,7 +98,7 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads) {
   PD_CHECK(packed.is_cpu() && scales.is_cpu(), op, ": the packed weight and scales must be on the CPU");
   PD_CHECK(packed.is_contiguous() && scales.is_contiguous(), op, ": packed and scales must be contiguous");
-  PD_CHECK(method >= 0 && method <= kWint8Int8Act, op, ": method must be 0 to ", kWint8Int8Act, ", got ", method);
+  PD_CHECK(method >= 0 && method <= kBlockFp8Method, op, ": method must be 0 to ", kBlockFp8Method, ", got ", method);
   LinearArgs a;
   a.M = M;
   a.K = K;
@@ -113,6 +114,15 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
     PD_CHECK(packed.shape().size() == 2 && packed.shape()[0] == K && packed.shape()[1] == n, op,
              ": a dense weight must be [K, N] = [", K, ", ", n, "]");
     PD_CHECK(cpu_has_avx512_vnni(), op, ": the fused kernels need AVX-512 VNNI");
+    return a;
+  }
+  if (method == kBlockFp8Method) {
+    PD_CHECK(packed.dtype() == paddle::DataType::UINT8 && packed.numel() == n * K, op,
+             ": a block_wise_fp8 weight must be uint8 [N, K] = [", n, ", ", K, "]");
+    PD_CHECK(scales.dtype() == paddle::DataType::FLOAT32 && scales.numel() == ((n + 127) / 128) * ((K + 127) / 128),
+             op, ": block_wise_fp8 scales must be float32 [", (n + 127) / 128, ", ", (K + 127) / 128, "]");
+    PD_CHECK(cpu_has_avx512(), op, ": the fp8 kernels need AVX-512");
+    a.scales = scales.data<float>();
     return a;
   }
   PD_CHECK(packed.dtype() == paddle::DataType::INT8 || packed.dtype() == paddle::DataType::UINT8, op,
@@ -148,6 +158,10 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
 
 void run_packed_linear(LinearArgs a, int method) {
   if (a.M == 0 || a.N == 0) return;
+  if (method == kBlockFp8Method) {
+    block_fp8_linear_f32(a.x, a.M, a.K, static_cast<const uint8_t*>(a.w), a.scales, a.N, a.out, a.threads, 0);
+    return;
+  }
   if (method == kDense16Method || method == kDense16Method + 1) {
     Dense16Args d;
     d.M = a.M;

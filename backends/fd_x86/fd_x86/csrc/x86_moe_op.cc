@@ -5,13 +5,14 @@
 //     stacked expert weights in the fd-core contract layout, read in place:
 //       wint8 / w8a8: qweight int8 [E, N, K], scales fp32 [E, N]
 //       wint4:        qweight uint8 [E, N, K/2], scales fp32 [E, N, G]
+//       w4a8_static / wint2 (offline checkpoints): offline_op.h's layouts
 //     (up_gate: N = 2I, K = D, rows [gate | up]; down: N = D, K = I)
 //     -> out fp32 [T, D] = sum_k w[t, k] * down_e(silu(gate_e x_t) * up_e x_t).
 //     Tokens are grouped by expert (ascending expert id, then t * k + j, the
 //     reference's order), so each selected expert's weights are read once per
 //     call; each expert's two linears run the per-ISA contract-layout kernels
 //     (kernels.h), threads split over each linear's output channels. Attributes:
-//     method (0 wint8, 1 wint4, 2 w8a8), up_group / down_group (wint4's
+//     method (0 wint8, 1 wint4, 2 w8a8, 3 w4a8_static, 4 wint2), up_group / down_group (wint4's
 //     group size, -1 = K), isa (0 auto, 1 AVX2, 2 AVX-512), threads.
 //
 //   fd_x86_moe_experts_shared(..., shared_up_qweight, shared_up_scales, shared_down_qweight, shared_down_scales)
@@ -34,10 +35,13 @@
 #include <numeric>
 #include <vector>
 
+#include <omp.h>
+
 #include "cpu_features.h"
 #include "kernels.h"
 #include "moe_kernels.h"
 #include "moe_op.h"
+#include "offline_op.h"
 #include "ops_kernels.h"
 #include "paddle/extension.h"
 
@@ -81,6 +85,16 @@ struct Stacked {
     const size_t dims = single ? 2 : 3;
     PD_CHECK(qweight.shape().size() == dims, op, ": ", name, " qweight must be ", single ? "2-D [N, K']" : "3-D [E, N, K']",
              ", got ", qweight.shape().size(), " dims");
+    if (fdx86::moe_offline_method(method)) {  // w4a8_static / wint2: their own layouts (x86_offline_op.cc)
+      E = single ? 1 : qweight.shape()[0];
+      K = K_;
+      fdx86::moe_offline_layout(name, method, qweight, dims, K, &N, &row_bytes, &groups);
+      PD_CHECK(s.dtype() == paddle::DataType::FLOAT32 && s.numel() == E * N * groups, op, ": ", name,
+               " scales must be float32 with E * ", groups, " * N = ", E * N * groups, " values, got ", s.numel());
+      w = static_cast<const uint8_t*>(qweight.data());
+      scales = s.data<float>();
+      return;
+    }
     PD_CHECK(qweight.dtype() == (method == kWint4 ? paddle::DataType::UINT8 : paddle::DataType::INT8), op, ": ", name,
              " qweight must be ", method == kWint4 ? "uint8" : "int8");
     PD_CHECK(s.dtype() == paddle::DataType::FLOAT32, op, ": ", name, " scales must be float32");
@@ -124,6 +138,11 @@ void expert_linear(const Stacked& s, int64_t e, const float* x, int64_t M, float
   a.scales = s.scales + e * s.N * s.groups;
   a.out = out;
   a.threads = threads;
+  if (fdx86::moe_offline_method(method)) {  // w4a8_static / wint2 (x86_offline_op.cc)
+    fdx86::offline_linear(method, static_cast<const uint8_t*>(a.w), a.scales, x, M, s.N, s.K, out, threads,
+                          &scratch->xq, &scratch->xsum, &scratch->xe);
+    return;
+  }
   if (method == kWint8 && avx512 && scratch->int8_act) {
     method = kW8a8;  // opt-in: int8 activations on the same weight (wint8 and w8a8 share the format)
   }
@@ -176,6 +195,116 @@ void expert_linear(const Stacked& s, int64_t e, const float* x, int64_t M, float
   }
 }
 
+// Rows [n0, n1) of expert e's weight in `s`, as a one-expert weight of n1 - n0 outputs.
+Stacked channel_rows(const Stacked& s, int64_t e, int64_t n0, int64_t n1) {
+  Stacked r = s;
+  r.E = 1;
+  r.N = n1 - n0;
+  r.w = s.w + (e * s.N + n0) * s.row_bytes;
+  r.scales = s.scales + (e * s.N + n0) * s.groups;
+  return r;
+}
+
+// A decode step's few tokens (T <= kFewTokens) take moe_few_tokens where
+// every linear is wint8 / wint4 / w8a8 and the widths are multiples of 4
+// (each slice then holds whole 4-channel register tiles, so a channel is
+// summed as in the per-expert loop).
+constexpr int64_t kFewTokens = 16;
+
+bool few_tokens_fit(int method, int64_t I, int64_t D, const Stacked* sh_up, int sh_method) {
+  const auto plain = [](int m) { return m == kWint8 || m == kWint4 || m == kW8a8; };
+  return plain(method) && I % 4 == 0 && D % 4 == 0 &&
+         (sh_up == nullptr || (plain(sh_method) && (sh_up->N / 2) % 4 == 0));
+}
+
+// out [T, D] (zeroed) for a few tokens: the routed experts (slots grouped
+// by expert: `order`, expert e's at start[e] .. start[e + 1]) and the shared
+// expert in ONE parallel region, each thread on its own slice of every
+// linear's output channels: the gate and up rows of a slice of I and their
+// silu, a barrier, then the down rows and the weighted combine on a slice
+// of D. The per-expert loop of moe_forward opens a region per linear (about
+// ten per MoE layer at T = 1), and the down projections (K = I: below the
+// kernels' parallel threshold at a few rows) ran on one thread. Slices are
+// multiples of 32 channels (the kernels' work items); every channel's value
+// and the combine's order are the per-expert loop's: the same bits.
+void moe_few_tokens(const float* x, int64_t T, const int64_t* order, const int64_t* start,
+                    const float* tw, int64_t k, const Stacked& up, const Stacked& down, int method,
+                    const Stacked* sh_up, const Stacked* sh_down, int sh_method, bool avx512, int threads,
+                    float* out) {
+  const int64_t D = down.N, I = up.N / 2, Is = sh_up != nullptr ? sh_up->N / 2 : 0, E = up.E;
+  // act: silu(gate) * up per grouped slot [T k, I], then the shared expert's [T, Is];
+  // y: the down outputs per grouped slot [T k, D], then the shared expert's [T, D]
+  std::vector<float> act(T * k * I + T * Is), y((T * k + T) * D);
+  float* sh_act = act.data() + T * k * I;
+  float* sh_y = y.data() + T * k * D;
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const auto slice = [&](int64_t n, int64_t* lo, int64_t* hi) {
+      const int64_t units = (n + 31) / 32;
+      *lo = std::min(n, units * t / nt * 32);
+      *hi = std::min(n, units * (t + 1) / nt * 32);
+    };
+    Scratch scratch;
+    std::vector<float> rows, gate, upv, pair, part;
+    // gate and up rows [i0, i1) of expert e of `s` (width I') for x's m rows -> acts [m, I'] at i0
+    const auto gated = [&](const Stacked& s, int64_t e, int64_t width, const float* xs, int64_t m, int meth,
+                           float* acts) {
+      int64_t i0, i1;
+      slice(width, &i0, &i1);
+      if (i1 <= i0) return;
+      const int64_t L = i1 - i0;
+      gate.resize(m * L);
+      upv.resize(m * L);
+      pair.resize(2 * L);
+      expert_linear(channel_rows(s, e, i0, i1), 0, xs, m, gate.data(), meth, avx512, 1, &scratch);
+      expert_linear(channel_rows(s, e, width + i0, width + i1), 0, xs, m, upv.data(), meth, avx512, 1, &scratch);
+      for (int64_t r = 0; r < m; ++r) {
+        std::copy_n(gate.data() + r * L, L, pair.data());
+        std::copy_n(upv.data() + r * L, L, pair.data() + L);
+        fdx86::silu_and_mul_avx2(pair.data(), acts + r * width + i0, 1, L, 1);
+      }
+    };
+    // down rows [d0, d1) of expert e of `s` for the m rows of acts -> ys [m, D] at d0
+    const auto downed = [&](const Stacked& s, int64_t e, const float* acts, int64_t m, int meth, int64_t d0,
+                            int64_t d1, float* ys) {
+      const int64_t L = d1 - d0;
+      part.resize(m * L);
+      expert_linear(channel_rows(s, e, d0, d1), 0, acts, m, part.data(), meth, avx512, 1, &scratch);
+      for (int64_t r = 0; r < m; ++r) std::copy_n(part.data() + r * L, L, ys + r * D + d0);
+    };
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t m = start[e + 1] - start[e];
+      if (m == 0) continue;
+      rows.resize(m * D);
+      for (int64_t r = 0; r < m; ++r) std::copy_n(x + (order[start[e] + r] / k) * D, D, rows.data() + r * D);
+      gated(up, e, I, rows.data(), m, method, act.data() + start[e] * I);
+    }
+    if (sh_up != nullptr) gated(*sh_up, 0, Is, x, T, sh_method, sh_act);
+#pragma omp barrier
+    int64_t d0, d1;
+    slice(D, &d0, &d1);
+    if (d1 > d0) {
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t m = start[e + 1] - start[e];
+        if (m > 0) downed(down, e, act.data() + start[e] * I, m, method, d0, d1, y.data() + start[e] * D);
+      }
+      if (sh_down != nullptr) downed(*sh_down, 0, sh_act, T, sh_method, d0, d1, sh_y);
+      // the combine of the per-expert loop: grouped slots in order, then the shared expert
+      for (int64_t s = 0; s < T * k; ++s) {
+        const int64_t slot = order[s];
+        const float w = tw[slot];
+        float* dst = out + (slot / k) * D;
+        const float* src = y.data() + s * D;
+        for (int64_t d = d0; d < d1; ++d) dst[d] += src[d] * w;
+      }
+      if (sh_up != nullptr)
+        for (int64_t r = 0; r < T; ++r)
+          for (int64_t d = d0; d < d1; ++d) out[r * D + d] += sh_y[r * D + d];
+    }
+  }
+}
+
 }  // namespace
 
 paddle::Tensor fdx86::moe_forward(const paddle::Tensor& x, const int64_t* ids, const float* tw, int64_t k,
@@ -184,8 +313,8 @@ paddle::Tensor fdx86::moe_forward(const paddle::Tensor& x, const int64_t* ids, c
                                   int up_group, int down_group, int isa, int threads, const MoeSharedArgs* shared,
                                   int64_t int8_act_rows) {
   const char* op = "fd_x86_moe_experts";
-  PD_CHECK(method == kWint8 || method == kWint4 || method == kW8a8, op, ": method must be 0 (wint8), 1 (wint4) or ",
-           "2 (w8a8), got ", method);
+  PD_CHECK(method == kWint8 || method == kWint4 || method == kW8a8 || moe_offline_method(method), op,
+           ": method must be 0 (wint8), 1 (wint4), 2 (w8a8), 3 (w4a8_static) or 4 (wint2), got ", method);
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2 && x.is_contiguous(), op,
            ": x must be contiguous float32 [T, D] on the CPU");
   const int64_t T = x.shape()[0], D = x.shape()[1];
@@ -230,6 +359,11 @@ paddle::Tensor fdx86::moe_forward(const paddle::Tensor& x, const int64_t* ids, c
   {
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < T * k; ++i) order[fill[ids[i]]++] = i;
+  }
+  if (T <= kFewTokens && !scratch.int8_act && few_tokens_fit(method, I, D, sh_up.get(), shared ? shared->method : 0)) {
+    moe_few_tokens(xd, T, order.data(), start.data(), tw, k, up, down, method, sh_up.get(), sh_down.get(),
+                   shared ? shared->method : 0, avx512, threads, od);
+    return out;
   }
   // Expert after expert, each linear's output channels split over the
   // threads. (Threads over the experts instead, each expert's kernels on one

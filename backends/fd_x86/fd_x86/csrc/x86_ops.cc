@@ -68,6 +68,7 @@ const char* kv_name(fdx86::KvDtype dt) {
     case fdx86::KvDtype::kF16: return "float16";
     case fdx86::KvDtype::kInt8: return "int8";
     case fdx86::KvDtype::kFp8: return "fp8";
+    case fdx86::KvDtype::kInt8Static: return "int8_static";
   }
   return "?";
 }
@@ -209,6 +210,19 @@ void WriteKVCache(const paddle::Tensor& k, const paddle::Tensor& v, paddle::Tens
                   const paddle::Tensor& slots) {
   const char* op = "fd_x86_write_kv_cache";
   write_kv(op, k, v, kv_pool(op, "k_cache", k_cache, nullptr), kv_pool(op, "v_cache", v_cache, nullptr), slots);
+}
+
+// int8_static pools (fd_core.ops.kv_dtype): k, v already times 127 / S per channel;
+// codes clip(rint(x)), scales 1. Attention reads such a pool through the _q8 ops.
+void WriteKVCacheI8S(const paddle::Tensor& k, const paddle::Tensor& v, paddle::Tensor& k_cache,
+                     paddle::Tensor& v_cache, paddle::Tensor& k_scales, paddle::Tensor& v_scales,
+                     const paddle::Tensor& slots) {
+  const char* op = "fd_x86_write_kv_cache_i8s";
+  PD_CHECK(k_cache.dtype() == paddle::DataType::INT8 && v_cache.dtype() == paddle::DataType::INT8, op,
+           ": int8_static pools hold int8 codes");
+  KvPool kp = kv_pool(op, "k_cache", k_cache, &k_scales), vp = kv_pool(op, "v_cache", v_cache, &v_scales);
+  kp.dtype = vp.dtype = fdx86::KvDtype::kInt8Static;
+  write_kv(op, k, v, kp, vp, slots);
 }
 
 void WriteKVCacheQ8(const paddle::Tensor& k, const paddle::Tensor& v, paddle::Tensor& k_cache, paddle::Tensor& v_cache,
@@ -507,6 +521,13 @@ PD_BUILD_OP(fd_x86_write_kv_cache_q8)
     .SetInplaceMap({{"KCache", "KCacheOut"}, {"VCache", "VCacheOut"}, {"KScales", "KScalesOut"},
                     {"VScales", "VScalesOut"}})
     .SetKernelFn(PD_KERNEL(WriteKVCacheQ8));
+
+PD_BUILD_OP(fd_x86_write_kv_cache_i8s)
+    .Inputs({"K", "V", "KCache", "VCache", "KScales", "VScales", "Slots"})
+    .Outputs({"KCacheOut", "VCacheOut", "KScalesOut", "VScalesOut"})
+    .SetInplaceMap({{"KCache", "KCacheOut"}, {"VCache", "VCacheOut"}, {"KScales", "KScalesOut"},
+                    {"VScales", "VScalesOut"}})
+    .SetKernelFn(PD_KERNEL(WriteKVCacheI8S));
 
 PD_BUILD_OP(fd_x86_decode_attention)
     .Inputs({"Q", "KCache", "VCache", "BlockTables", "SeqLens"})
