@@ -31,8 +31,10 @@ keeps it float (FastDeploy's default; ``--dtype auto``: bf16 for the 0.3B),
 overrides it per configuration. Quantized configurations run with
 ``--dtype auto`` for what is not quantized.
 ``--kernels`` adds the quantized linears' kernels alone (one row, one call
-per weight, through ``fd_x86.linear``) against their bytes' floor: what the
-step costs beyond them is attention, norms and the engine's Python.
+per weight, through ``fd_x86.linear``) against their bytes' floor, in total
+and per weight shape, each also less the calls' dispatch (``quantized_linear``
+on a 64 x 64 weight, timed apart): what the step costs beyond them is
+attention, norms, the engine's Python and the threads' waits.
 The configurations take turns round by round, so the noise of a shared
 machine hits them alike. The CPU model is printed first; read the ratios.
 """
@@ -90,10 +92,11 @@ def step_bytes(model: Any) -> int:
     return total
 
 
-def kernel_seconds(model: Any, repeats: int = 5) -> tuple[float, int]:
-    """(median time of one pass of fd_x86's kernels over the model's 2-D quantized
-    weights at one row, those weights' bytes): the step without the engine, the
-    attention or the Python between ops. (0, 0) without quantized weights."""
+def kernel_seconds(model: Any, repeats: int = 5) -> list[tuple[str, float, int, int]]:
+    """Per shape of the model's 2-D quantized weights: (label "method KxN", median time
+    of one pass of fd_x86's kernels over those weights at one row, their bytes, calls).
+    The step without the engine, the attention or the Python between ops (each call
+    still pays ``quantized_linear``'s dispatch: ``call_overhead``). [] without them."""
     import paddle
     from fd_x86.linear import quantized_linear
 
@@ -101,16 +104,39 @@ def kernel_seconds(model: Any, repeats: int = 5) -> tuple[float, int]:
 
     quants = [p.data for p in resident_params(model)
               if isinstance(p.data, QuantizedWeight) and len(p.data.qweight.shape) == 2]
-    if not quants:
-        return 0.0, 0
+    groups: dict[str, list[Any]] = {}
+    for q in quants:
+        groups.setdefault(f"{q.method} {q.in_features}x{q.out_features}", []).append(q)
     xs = {q.in_features: paddle.ones([1, q.in_features], dtype="float32") for q in quants}
-    times = []
-    for _ in range(repeats + 1):
+    times: dict[str, list[float]] = {label: [] for label in groups}
+    for _ in range(repeats + 1):  # the first pass warms (repacks happened at load)
+        for label, qs in groups.items():
+            begin = time.perf_counter()
+            for q in qs:
+                quantized_linear(xs[q.in_features], q)
+            times[label].append(time.perf_counter() - begin)
+    return [(label, statistics.median(times[label][1:]), sum(resident_bytes(q) for q in qs), len(qs))
+            for label, qs in groups.items()]
+
+
+def call_overhead(method: str, calls: int = 2000) -> float:
+    """Seconds per ``quantized_linear`` call of ``method`` on a 64 x 64 weight at one
+    row (fastest of 3 x ``calls``): the Python and op dispatch every kernel call pays."""
+    import paddle
+    from fd_x86.linear import quantized_linear
+
+    from fd_core.quantization.weights import quantize_weight
+
+    q = quantize_weight(method, np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), 32)
+    x = paddle.ones([1, 64], dtype="float32")
+    quantized_linear(x, q)
+    best = float("inf")
+    for _ in range(3):
         begin = time.perf_counter()
-        for q in quants:
-            quantized_linear(xs[q.in_features], q)
-        times.append(time.perf_counter() - begin)
-    return statistics.median(times[1:]), sum(resident_bytes(q) for q in quants)
+        for _ in range(calls):
+            quantized_linear(x, q)
+        best = min(best, (time.perf_counter() - begin) / calls)
+    return best
 
 
 def start(llm: LLM, rid: str, prompt: list[int], max_tokens: int) -> None:
@@ -225,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     for llm in llms.values():
         finish(llm)
     kernels = {n: kernel_seconds(llm.engine.core.runner.model) for n, llm in llms.items()} if args.kernels else {}
+    overheads = {m: call_overhead(m) for m in {label.split()[0] for rows in kernels.values() for label, *_ in rows}}
     bandwidth = probe / statistics.median(reads)
     agree_prompts = [[int(t) for t in rng.integers(100, 2000, int(n))] for n in rng.integers(8, 32, args.agree_prompts)]
     ref, agree = agreement(llms, agree_prompts, args.agree_tokens) if args.agree_prompts > 0 else ("-", {})
@@ -239,10 +266,21 @@ def main(argv: list[str] | None = None) -> int:
         same = f"{agree[name][0]:4.0%} {agree[name][1]:4.0%} {agree[name][2]:.4f}" if name in agree else "-"
         print(f"{name:10} {step_s * 1e3:8.2f} {1 / step_s:7.1f} {nbytes / 1e6:8.1f} {floor_s * 1e3:8.2f} "
               f"{step_s / floor_s:7.2f}   {same}")
-    for name, (seconds, nbytes) in kernels.items():
-        if nbytes:
-            print(f"{name:8} kernels alone: {seconds * 1e3:.2f} ms over {nbytes / 1e6:.1f} MB of quantized weights "
-                  f"at one row = {seconds * bandwidth / nbytes:.2f}x their floor")
+    for name, rows in kernels.items():
+        if not rows:
+            continue
+        seconds, nbytes = sum(r[1] for r in rows), sum(r[2] for r in rows)
+        calls = sum(overheads[label.split()[0]] * n for label, _, _, n in rows)
+        print(f"{name:8} kernels alone: {seconds * 1e3:.2f} ms over {nbytes / 1e6:.1f} MB of quantized weights "
+              f"at one row = {seconds * bandwidth / nbytes:.2f}x their floor; less the calls' dispatch "
+              f"({calls * 1e3:.2f} ms): {(seconds - calls) * bandwidth / nbytes:.2f}x")
+        for label, secs, size, n in rows:
+            own = secs - overheads[label.split()[0]] * n
+            print(f"  {label:22} x{n:<3d} {secs * 1e3:7.3f} ms {size / 1e6:7.1f} MB {size / secs / 1e9:6.1f} GB/s "
+                  f"x floor {secs * bandwidth / size:5.2f} (less dispatch {own * bandwidth / size:5.2f})")
+    if overheads:
+        print("dispatch per quantized_linear call (64 x 64 weight, one row): "
+              + ", ".join(f"{m} {s * 1e6:.1f} us" for m, s in sorted(overheads.items())))
     return 0
 
 

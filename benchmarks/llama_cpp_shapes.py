@@ -24,6 +24,9 @@ MID_MOE: dict[str, Any] = {
     "moe_capacity": [16, 16, 16],
 }
 _ALL_INT4 = json.dumps({"quantization": "mix_quant", "dense_quant_type": "wint4", "moe_quant_type": "wint4"})
+# all-int4 with the LM head int4 too: a llama.cpp q4_0 file quantizes its output tensor (q6_K), FastDeploy's
+# mix_quant keeps it float (the all-int4 row): this row reads no more than q4_0 does
+_ALL_INT4_HEAD = json.dumps({**json.loads(_ALL_INT4), "lm_head_quant_type": "wint4"})
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ _DENSE_ROWS = (
     FdConfig("wint8", {"quantization": "wint8"}, "q8_0"),
     FdConfig("mix_quant all-int4", {"quantization": _ALL_INT4}, "q4_0"),
     FdConfig("w8a8", {"quantization": "w8a8"}, "q8_0"),
+    FdConfig("all-int4 + int4 head", {"quantization": _ALL_INT4_HEAD}, "q4_0"),
 )
 _MOE_ROWS = (
     FdConfig("wint8", {"quantization": "wint8"}, "q8_0"),
@@ -75,7 +79,9 @@ def with_lm_head(engine_kwargs: dict[str, Any], lm_head: str) -> dict[str, Any]:
 
     The engine keeps the head float by default (FastDeploy's default);
     llama.cpp's q8_0 / q4_0 recipes quantize it (q8_0 / q6_K), so
-    ``--lm-head int8`` gives the closer comparison of bytes read.
+    ``--lm-head int8`` gives the closer comparison of bytes read. A row that
+    names its own head (``lm_head_quant_type``: the all-int4 + int4 head row)
+    keeps it.
     """
     if lm_head == "float" or "quantization" not in engine_kwargs:
         return dict(engine_kwargs)
@@ -83,5 +89,7 @@ def with_lm_head(engine_kwargs: dict[str, Any], lm_head: str) -> dict[str, Any]:
         raise ValueError(f"lm_head must be 'float' or 'int8', got {lm_head!r}")
     raw = engine_kwargs["quantization"]
     value = json.loads(raw) if isinstance(raw, str) and raw.startswith("{") else {"quantization": raw}
+    if "lm_head_quant_type" in value:
+        return dict(engine_kwargs)
     value["lm_head_quant_type"] = "w8a8" if value["quantization"] == "w8a8" else "wint8"
     return {**engine_kwargs, "quantization": value}

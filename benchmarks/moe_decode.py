@@ -23,7 +23,9 @@ of them.
 ``--profile`` times, per step, every backend op call (router linear,
 routing, experts, shared-expert and attention linears, norms, attention)
 and, inside the per-expert path, the expert kernels apart from the Python,
-gathers and scatters around them.
+gathers and scatters around them; at B = 1 it also prints the MoE layers'
+bytes (router, shared expert, top-k of the routed experts) and the layer
+op's time against them at the read bandwidth measured right then.
 
     python benchmarks/moe_decode.py                       # wint8 wint4, B = 1 8
     python benchmarks/moe_decode.py --quantization wint4 --batch 1 --profile
@@ -134,6 +136,22 @@ class Profile:
         xmoe.quantized_linear = self._kernel
 
 
+def moe_step_bytes(model: Any, top_k: int) -> int:
+    """Bytes the MoE layers read in a B=1 decode step: per layer the router
+    (gate, correction bias), the shared expert, and top_k of the E routed
+    experts' stacked weights (codes + scales)."""
+    from fd_core.quantization.weights import resident_bytes
+
+    total = 0
+    for name, param in model.parameters().items():
+        if ".gate" in name or "e_score" in name or "shared_experts." in name:
+            total += resident_bytes(param.data)
+        elif ".experts." in name and param.data is not None:
+            experts = int((param.data.qweight if hasattr(param.data, "qweight") else param.data).shape[0])
+            total += resident_bytes(param.data) * top_k // experts
+    return total
+
+
 def _cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -188,6 +206,16 @@ def run(args: argparse.Namespace) -> None:
                             print(f"    {'  of which expert kernels':38s} {sub / args.steps * 1e3:7.3f} ms")
                     rest = total - sum(v for k, v in prof.totals.items() if not k.startswith(" ")) / args.steps * 1e3
                     print(f"    {'rest (model Python, embed, sampling-free)':38s} {rest:7.3f} ms")
+                    if batch == 1 and "moe_layer" in prof.totals:
+                        from dtypes import read_seconds
+
+                        from fd_core.backends.cpu import num_threads
+
+                        nbytes = moe_step_bytes(runner.model, runner.config.moe_k)
+                        bandwidth = (512 << 20) / read_seconds(512 << 20, num_threads(), repeats=3)
+                        secs = prof.totals["moe_layer"] / args.steps
+                        print(f"    moe_layer reads {nbytes / 1e6:.2f} MB a step: {secs * bandwidth / nbytes:.2f}x "
+                              f"its floor at {bandwidth / 1e9:.1f} GB/s (read now, {num_threads()} threads)")
         _set_mode("fused", runner.model)
 
 
