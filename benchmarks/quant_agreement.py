@@ -23,8 +23,9 @@ the LM head quantized too (opt-in ``lm_head_quant_type``: wint8, w8a8; by
 default the head stays float, as in FastDeploy).
 
 Issue 22's methods (not in the default list; name them with ``--methods``):
-``block_wise_fp8``, ``w4a8`` (every linear and the experts) and
-``w4a8-moe`` (FastDeploy's split: dense wint8, routed experts w4a8).
+``block_wise_fp8``, ``w4a8``, ``w4afp8`` (every linear and the experts),
+``w4a8-moe`` and ``w4afp8-moe`` (FastDeploy's split: dense wint8, routed
+experts w4a8 / w4afp8).
 ``--shapes mid-moe`` is ``benchmarks/moe_decode.py``'s mid-size MoE
 (hidden 1024, 16 experts, top-4; generated with its overrides).
 
@@ -80,6 +81,8 @@ ALIASES = {  # FastDeploy's mixed form: wint4 for dense layers too (plain wint4 
     "w8a8-qh": {"quantization": "w8a8", "lm_head_quant_type": "w8a8"},
     # FastDeploy's W4A8 split: int4 x int8 routed experts, dense layers wint8
     "w4a8-moe": {"quantization": "mix_quant", "dense_quant_type": "wint8", "moe_quant_type": "w4a8"},
+    # FastDeploy's W4AFP8 split: int4 x fp8 (e4m3) routed experts, dense layers wint8
+    "w4afp8-moe": {"quantization": "mix_quant", "dense_quant_type": "wint8", "moe_quant_type": "w4afp8"},
 }
 
 

@@ -108,8 +108,8 @@ def fd_device_capabilities() -> Capabilities:
     # The reference numerics of every built-in method (fd_core.quantization) and
     # KV-cache dtype (fd_core.ops.kv_dtype).
     # wint2 and w4a8_static come only from offline-quantized checkpoints (fd_core.quantization.offline).
-    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8", "block_wise_fp8", "w4a8", "wint2",
-                                              "w4a8_static"),
+    return Capabilities(quantization_methods=("wint8", "wint4", "w8a8", "block_wise_fp8", "w4a8", "w4afp8",
+                                              "wint2", "w4a8_static"),
                         kv_cache_dtypes=("float32", "bfloat16", "float16", "int8", "fp8", "int8_static"))
 
 

@@ -96,7 +96,9 @@ def prequantized_targets(model: Any, targets: dict[str, list[Target]], offline: 
     ``ernie.layers.N.self_attn.cachek_matmul`` / ``cachev_matmul.activation_scale``
     (``[num_kv_channels]``: FastDeploy's int8 KV scales are per channel; a rank
     reads its KV heads' channels) when the format has static KV scales;
-    those land in ``model.kv_cache_static_scales[N] = (k, v)`` (float Params)."""
+    those land in ``model.kv_cache_static_scales[N] = (k, v)`` (float Params) for an int8
+    cache (applied: ``int8_static``); a ``float8_e4m3fn`` cache's are read, shape-checked
+    and left unused (fd-core's fp8 cache is dynamic)."""
     out: dict[str, list[Target]] = {}
     for name, tlist in targets.items():
         if not tlist:  # read by another rank (EP: another rank's experts): its stored tensors too
@@ -125,6 +127,7 @@ def prequantized_targets(model: Any, targets: dict[str, list[Target]], offline: 
             for which, param in zip(("cachek", "cachev"), pair):
                 out[f"ernie.layers.{i}.self_attn.{which}_matmul.activation_scale"] = [
                     Target(param, (num_kv_channels,), source_index=cut)]
-        model.kv_cache_static_scales = scales
+        if offline.kv_cache_dtype == "int8":  # applied (int8_static); fp8's are read and checked only
+            model.kv_cache_static_scales = scales
     return out
 

@@ -175,7 +175,7 @@ def _static_scales(k_cache: Any, kv_scales: StaticKVScales | None) -> StaticKVSc
         return kv_scales
     if kv_scales is not None and kv_dtype is not None:
         raise ValueError(f"this layer has static per-channel KV scales but its KV cache is {kv_dtype} (dynamic "
-                         "scales); the checkpoint's int8 KV cache is int8_static")
+                         "scales): static scales go with an int8_static cache only")
     return None
 
 

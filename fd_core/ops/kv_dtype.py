@@ -217,7 +217,8 @@ def dequantize_tensor(paddle: Any, stored: Any, scales: Any, kv_dtype: str) -> A
 
 
 def _rint_tensor(paddle: Any, x: Any) -> Any:
-    """Round half to even in paddle ops (``paddle.round`` rounds half away from zero)."""
+    """Round half to even in paddle ops, spelled out rather than left to ``paddle.round``'s
+    tie rule (half to even on paddle 3.3.1's CPU kernel; not a documented guarantee)."""
     low = paddle.floor(x)
     frac = x - low
     odd = paddle.remainder(low, paddle.full_like(low, 2.0))  # 0 or 1: the sign follows the divisor

@@ -81,7 +81,7 @@ def make_runner(runner_cls: type, model_dir: str | Path, backend: Backend, tenso
 
 # methods whose scales are per block / per group of a rank's slice, not reduced over the ranks
 # (wint8, wint4 and w8a8 are: see TensorParallel.shard_targets)
-_TP_UNREDUCED = ("block_wise_fp8", "w4a8")
+_TP_UNREDUCED = ("block_wise_fp8", "w4a8", "w4afp8")
 
 
 def _check_quantization_splits(quantization: Any, config: Any, world: int) -> None:

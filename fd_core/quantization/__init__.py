@@ -3,8 +3,8 @@
 Owns the methods ``--quantization`` names (``methods``: a registry that
 general plugins extend through ``fd_register_quantization_methods``), parsing
 FastDeploy's flag forms (``config``), the reference quantizer and layouts
-(``wint``: wint8/wint4, ``w8a8``, ``block_fp8``, ``w4a8``, ``wint2``), the parameter that quantizes as the
-loader fills it (``param``) and the transform that makes a finished model's
+(``wint``: wint8/wint4, ``w8a8``, ``block_fp8``, ``w4a8``, ``w4afp8``, ``wint2``), the
+parameter that quantizes as the loader fills it (``param``) and the transform that makes a finished model's
 layers quantized (``apply``). The reference numerics of quantized layers live
 here too (``reference``; the CPU reference backend calls them): dequantize,
 then an fp32 matmul (w8a8 also quantizes activations per token).
@@ -29,8 +29,8 @@ Layouts (``QuantizedWeight.qweight`` / ``.scales``; details in ``wint``):
   ``j``, ``2j + 1`` in the high nibble, signed two's complement),
   float32 ``[out, in // group_size]`` (``[out, 1]`` per channel).
 - block_wise_fp8 (``block_fp8``): uint8 e4m3 codes ``[out, in]``, float32
-  block scales ``[ceil(out/128), ceil(in/128)]``; w4a8 (``w4a8``): wint4's
-  layout; wint2 (``wint2``, offline checkpoints only): FastDeploy's
+  block scales ``[ceil(out/128), ceil(in/128)]``; w4a8 (``w4a8``) and w4afp8
+  (``w4afp8``: per-token e4m3 activations): wint4's layout; wint2 (``wint2``, offline checkpoints only): FastDeploy's
   ``quant_weight`` uint8 ``[in/4, out]``, scales float32 ``[in/64 + 3, out]``;
   w4a8_static (offline W4A8C8 experts): wint4's codes per channel, scales
   float32 ``[out, 2]`` (weight scale, the expert's static activation max).

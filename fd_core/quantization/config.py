@@ -29,9 +29,10 @@ Like FastDeploy, plain ``wint4`` on an ERNIE model keeps the dense layers
 (attention, dense MLPs, shared experts) at wint8 and quantizes only the
 routed experts to wint4; a dense ERNIE model therefore runs all-wint8 under
 ``wint4``. Use the mixed form to get wint4 dense layers. ``block_wise_fp8``
-(``block_fp8``) and ``w4a8`` (``w4a8``) apply to every linear layer and the
-routed experts. FastDeploy methods not implemented here (w4afp8, wint2, ...)
-are refused with a message saying so.
+(``block_fp8``), ``w4a8`` (``w4a8``) and ``w4afp8`` (``w4afp8``) apply to every
+linear layer and the routed experts; FastDeploy's expert-only forms are
+``"moe_quant_type": "w4a8"`` / ``"w4afp8"`` in mix_quant. FastDeploy methods not
+implemented here (tensor_wise_fp8, wfp8afp8, ...) are refused with a message saying so.
 
 FastDeploy's ``kv_cache_quant_type`` (in either JSON form) sets the KV
 cache's dtype, as ``--kv-cache-dtype`` does: ``int8`` -> int8,
@@ -111,7 +112,7 @@ class QuantizationConfig:
         parts = [] if self.dense_method == self.moe_method == self.method else (
             [self.dense_method] if self.dense_method == self.moe_method
             else [f"dense {self.dense_method}", f"experts {self.moe_method}"])
-        if {"wint4", "w4a8"} & {self.dense_method, self.moe_method}:
+        if {"wint4", "w4a8", "w4afp8"} & {self.dense_method, self.moe_method}:
             parts.append("per-channel" if self.group_size == -1 else f"group size {self.group_size}")
         parts.append(f"lm_head {self.lm_head_method}" if self.lm_head_method else "lm_head float")
         if self.kv_cache_dtype:
@@ -191,6 +192,12 @@ def resolve_kv_cache_dtype(requested: str, quantization: str | dict[str, Any] | 
         raise ValueError("--kv-cache-dtype int8_static needs an offline checkpoint with static per-channel "
                          "KV-cache scales (FastDeploy's W4A8C8: cachek/cachev_matmul.activation_scale); use int8 "
                          "for dynamic per-token scales")
+    if from_quant == "int8_static" and from_quant not in declared:
+        listed = ", ".join(declared) if declared else "none"
+        raise UnsupportedFeatureError(
+            "the checkpoint's int8 KV cache has static per-channel scales (FastDeploy's C8, kv_cache_quant_type "
+            f"int8 in its quantization_config): it needs a backend that declares the int8_static KV cache (cpu, "
+            f"x86); backend {backend_name!r} has {listed}. Use another --backend")
     if requested != "auto" and from_quant is not None and from_quant != requested:
         raise ValueError(f"--kv-cache-dtype {requested} and --quantization kv_cache_quant_type "
                          f"({from_quant}) disagree; give one of the two")

@@ -56,14 +56,12 @@ def _lazy(target: str) -> Callable[..., Any]:
     return call
 
 
-_NOT_YET = ("is not implemented in fd-core yet (issue 22); use wint8, wint4, w8a8, w4a8 or block_wise_fp8, "
+_NOT_YET = ("is not implemented in fd-core yet (issue 22); use wint8, wint4, w8a8, w4a8, w4afp8 or block_wise_fp8, "
             "or run without --quantization")
 _REFUSED = [
     QuantMethod("tensor_wise_fp8", "tensor-wise fp8 weights and activations",
                 refused=f"tensor-wise fp8 {_NOT_YET}"),
     QuantMethod("wfp8afp8", "fp8 weights and activations", refused=f"fp8 weights and activations {_NOT_YET}"),
-    QuantMethod("w4afp8", "int4 weights, fp8 activations (FastDeploy's, MoE experts only)",
-                refused=f"w4afp8 (int4 weights with fp8 activations) {_NOT_YET}; w4a8 is the int8-activation form"),
     # reference numerics exist (fd_core.quantization.wint2) for weights an offline
     # checkpoint supplies; a float model is never quantized to wint2 (nor in FastDeploy)
     QuantMethod("wint2", "2-bit weights (offline-quantized checkpoints)",
@@ -92,6 +90,7 @@ _BUILTINS = {
     "w8a8": "fd_core.quantization.w8a8:W8A8",
     "block_wise_fp8": "fd_core.quantization.block_fp8:BLOCK_WISE_FP8",
     "w4a8": "fd_core.quantization.w4a8:W4A8",
+    "w4afp8": "fd_core.quantization.w4afp8:W4AFP8",
 }
 
 

@@ -12,7 +12,7 @@ from fd_core.parallel.driver import make_runner
 from fd_core.quantization.config import parse_quantization
 
 
-@pytest.mark.parametrize("method", ["block_wise_fp8", "w4a8"])
+@pytest.mark.parametrize("method", ["block_wise_fp8", "w4a8", "w4afp8"])
 def test_block_and_group_scaled_methods_are_refused_under_tp(checkpoint_factory, method: str) -> None:
     model_dir = checkpoint_factory("tiny-dense", "pytorch")
     quant = parse_quantization(method, "Ernie4_5ForCausalLM")

@@ -73,7 +73,7 @@ def test_wint4_on_ernie_keeps_dense_layers_at_wint8():
 
 
 @pytest.mark.parametrize("value,message", [
-    ("w4afp8", r"--quantization w4afp8: w4afp8 \(int4 weights with fp8 activations\) is not implemented"),
+    ("tensor_wise_fp8", r"--quantization tensor_wise_fp8: tensor-wise fp8 is not implemented.*w4afp8"),
     ("wint2", r"--quantization wint2: wint2 \(FastDeploy's 2-bit MoE experts\) comes only from offline-quantized "
               r"checkpoints.*no --quantization needed"),
     ({"quantization": "mix_quant", "dense_quant_type": "wint8", "moe_quant_type": "wint2"}, "wint2"),
@@ -84,7 +84,7 @@ def test_unimplemented_fastdeploy_methods_are_refused(value, message):
 
 
 @pytest.mark.parametrize("value,message", [
-    ("int3", "unknown method 'int3'; implemented: block_wise_fp8, w4a8, w8a8, wint4, wint8"),
+    ("int3", "unknown method 'int3'; implemented: block_wise_fp8, w4a8, w4afp8, w8a8, wint4, wint8"),
     ('{"quantization": ', "not valid JSON"),
     ({"group_size": 64}, "needs a 'quantization' key"),
     ({"quantization": "wint4", "group_size": 0}, "group_size must be -1 .* got 0"),

@@ -83,3 +83,34 @@ def test_tokens_do_not_change_under_preemption(w4a8c8):
     tight = _engine(w4a8c8, num_gpu_blocks_override=10, max_num_batched_tokens=64)
     assert _generate(tight, prompts) == base
     assert tight.scheduler.num_preemptions > 0
+
+
+def test_a_float8_cache_with_static_scales_runs_fd_cores_dynamic_fp8(w4a8c8, tmp_path):
+    """FastDeploy's float8_e4m3fn KV cache with static scales: the scales are read and checked but
+    not applied (fd-core's fp8 cache is dynamic); the engine runs, no layer carries scales."""
+    import json
+    import shutil
+
+    ckpt = tmp_path / "fp8kv"
+    shutil.copytree(w4a8c8, ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["quantization_config"]["kv_cache_quant_type"] = "float8_e4m3fn"
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    core = _engine(ckpt)
+    assert core.runner.kv_cache_dtype == "fp8"
+    assert all(layer.self_attn.kv_scales is None for layer in core.runner.model.layers)
+    got = _generate(core, _prompts(2))
+    assert [len(t) for t in got] == [GREEDY.max_tokens] * 2
+
+
+def test_a_backend_without_the_static_cache_is_refused_naming_the_checkpoints_cache():
+    from fd_core.config import UnsupportedFeatureError
+    from fd_core.quantization.config import QuantizationConfig, resolve_kv_cache_dtype
+    from fd_core.quantization.offline import OfflineQuantization
+
+    offline = OfflineQuantization("mix_quant", "wint8", "w4a8_static", "int8")
+    quant = QuantizationConfig("mix_quant", "wint8", "w4a8_static", kv_cache_dtype="int8", offline=offline)
+    for requested in ("auto", "int8"):
+        with pytest.raises(UnsupportedFeatureError, match="static per-channel scales.*'gpuish' has float32, int8"):
+            resolve_kv_cache_dtype(requested, quant, "gpuish", ("float32", "int8"))
+    assert resolve_kv_cache_dtype("auto", quant, "cpu", ("float32", "int8", "int8_static")) == "int8_static"

@@ -26,8 +26,9 @@ like it one more copy of the codes' size (``FD_X86_REPACK=0`` or
 
 Needs AVX-512 (F/BW/VL/DQ); ``available()`` says whether this CPU has it
 (the backend's ``fd_linear`` lets the reference answer where not). The
-fused decoder layers (``fd_x86.layer``) run the same kernels; routed
-experts keep the reference for this method.
+fused decoder layers (``fd_x86.layer``) run the same kernels, and routed
+experts too, one expert at a time on its slice of the stacked codes
+(``expert_block_fp8_linear``, called by ``fd_x86.moe``).
 """
 
 from __future__ import annotations

@@ -47,9 +47,26 @@ def _group(g: int) -> int:
 ])
 def test_few_tokens_equal_their_rows_of_a_larger_call(method: str, shared_method: str | None, group: int,
                                                       threads: int) -> None:
+    _check_few_tokens(method, shared_method, group, threads, (256, 96, 160))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("method, shared_method", [
+    ("wint8", "wint8"), ("wint4", "wint8"), ("wint4", "wint4"), ("wint8", None), ("w8a8", "wint8"),
+])
+def test_widths_not_multiples_of_32_split_unevenly_and_still_agree(method: str, shared_method: str | None,
+                                                                   threads: int) -> None:
+    """Widths multiples of 4 but not of 32: the threads' 32-channel slices are uneven and the
+    last tiles are 4 wide (per-channel scales, as groups of 128 do not divide them)."""
+    _check_few_tokens(method, shared_method, -1, threads, (260, 100, 36))
+
+
+def _check_few_tokens(method: str, shared_method: str | None, group: int, threads: int,
+                      widths: tuple[int, int, int]) -> None:
     ops = build.load_ops()
     rng = np.random.default_rng(threads * 7 + len(method))
-    experts, d, inter, inter_s, k = 8, 256, 96, 160, 3  # widths: multiples of 4, not of 32 (uneven slices)
+    experts, k = 8, 3
+    d, inter, inter_s = widths
     up = _weights(method, rng, experts, d, 2 * inter, group)
     down = _weights(method, rng, experts, inter, d, group)
     tokens = 20  # more than the few-token path takes: the per-expert loop

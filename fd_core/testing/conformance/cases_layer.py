@@ -49,7 +49,7 @@ W8A8_TOLERANCE = Tolerance(rtol=5e-2, atol=5e-2)
 # methods that quantize activations on the fly: a last-bit difference upstream can move one
 # element to the next code; e4m3 codes are 1/8 apart (relative), so block_wise_fp8 moves more
 ACT_QUANT_TOLERANCE = {"w8a8": W8A8_TOLERANCE, "w4a8": W8A8_TOLERANCE,
-                       "block_wise_fp8": Tolerance(rtol=2e-1, atol=2e-1)}
+                       "block_wise_fp8": Tolerance(rtol=2e-1, atol=2e-1), "w4afp8": Tolerance(rtol=2e-1, atol=2e-1)}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -124,7 +124,7 @@ def test_moe_experts(
 
 # (tokens, hidden, inter, experts, top_k, experts that get no tokens); sizes
 # that every method's grouping takes (multiples of 256)
-ACT_QUANTIZED = ("w8a8", "block_wise_fp8", "w4a8")  # methods that quantize the activations per call
+ACT_QUANTIZED = ("w8a8", "block_wise_fp8", "w4a8", "w4afp8")  # methods that quantize the activations per call
 QUANTIZED_MOE = [(1, 256, 256, 8, 2, ()), (37, 256, 512, 8, 2, (1, 5))]
 
 

@@ -1,4 +1,4 @@
-"""The quantization methods of issue 22 (``block_wise_fp8``, ``w4a8``, ``wint2``, ``w4a8_static``) at
+"""The quantization methods of issue 22 (``block_wise_fp8``, ``w4a8``, ``w4afp8``, ``wint2``, ``w4a8_static``) at
 their edges: partial 128-blocks and groups, one activation group far larger
 than the rest of its token (per-group vs per-token scales), a zero token.
 Each method runs only where the backend lists it in its capabilities; the
@@ -16,7 +16,8 @@ from fd_core.testing.conformance import STATE_KEY
 from fd_core.testing.conformance.cases_dense import _reference_quantizer
 from fd_core.testing.conformance.harness import Harness, case_rng, replace_tensors
 
-METHODS = ("block_wise_fp8", "w4a8")
+METHODS = ("block_wise_fp8", "w4a8", "w4afp8")
+_INT4 = ("w4a8", "w4afp8")  # two input channels per byte: even ``in`` only
 # (tokens, in, out): partial blocks both ways, block-aligned, a wide output
 SHAPES = [(1, 200, 130), (37, 384, 257), (128, 1024, 384), (5, 256, 1000)]
 
@@ -25,7 +26,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.function.__name__ == "test_quantized_linear_edges":
         state = metafunc.config.stash[STATE_KEY]
         listed = state.backend.capabilities().quantization_methods if state.backend else ()
-        cases: list[Any] = [(m, *s) for m in METHODS if m in listed for s in SHAPES if m != "w4a8" or s[1] % 2 == 0]
+        cases: list[Any] = [(m, *s) for m in METHODS if m in listed for s in SHAPES
+                            if m not in _INT4 or s[1] % 2 == 0]
         if not cases:
             cases = [pytest.param("none", 0, 0, 0, marks=pytest.mark.skip(
                 reason=f"the backend lists none of {', '.join(METHODS)}"))]
