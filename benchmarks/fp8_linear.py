@@ -9,7 +9,8 @@ only; each layer its own copy, so a step streams the weights from DRAM as a
 real one does; ``--shared-layers``: one copy, cache-resident) at each row
 count (1, 8, 32: decode batches; 512: a prefill chunk),
 per variant: ``wint8`` and ``w8a8`` (fd_x86's default kernels, packed
-weights), ``fp8-fma`` (fd_x86.fp8's fp32-FMA kernel, the one CPUs without
+weights), ``w4a8`` (fd_x86.linear.w4a8_linear: packed int4 words x per-token
+int8 activations on VNNI; its ratio to wint8 is the last column), ``fp8-fma`` (fd_x86.fp8's fp32-FMA kernel, the one CPUs without
 AVX-512 BF16 + VBMI get), ``fp8-bf16`` (its vdpbf16ps kernel, where the CPU
 has it), both with the activation quantization included, and ``fp8-ref``
 (fd-core's reference: dequantize, then a paddle matmul; only at
@@ -44,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 LAYERS = 18
 PER_LAYER = [(1024, 2560), (2048, 1024), (1024, 6144), (3072, 1024)]  # (in, out)
-VARIANTS = ("wint8", "w8a8", "fp8-fma", "fp8-bf16", "fp8-ref")
+VARIANTS = ("wint8", "w8a8", "w4a8", "fp8-fma", "fp8-bf16", "fp8-ref")
 
 
 def cpu_model() -> str:
@@ -55,13 +56,14 @@ def cpu_model() -> str:
 def runners(threads: int) -> dict[str, Callable[[Any, Any], Any]]:
     """variant -> fn(x, quant of the variant's method)."""
     from fd_x86.fp8 import block_fp8_linear, selected_kernel
-    from fd_x86.linear import quantized_linear
+    from fd_x86.linear import quantized_linear, w4a8_linear
 
     from fd_core.quantization.reference import quantized_linear as reference
 
     out: dict[str, Callable[[Any, Any], Any]] = {
         "wint8": lambda x, q: quantized_linear(x, q, threads=threads),
         "w8a8": lambda x, q: quantized_linear(x, q, threads=threads),
+        "w4a8": lambda x, q: w4a8_linear(x, q, threads),  # int4 words x int8 activations (VNNI)
         "fp8-fma": lambda x, q: block_fp8_linear(x, q, threads, kernel="fma"),
         "fp8-ref": lambda x, q: reference(x, q),
     }
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     weights = []  # [(in, {method: weight})], a distinct copy per layer: streamed from DRAM as in a real step
     for d_in, d_out in PER_LAYER:
         w = rng.normal(0, d_in**-0.5, (d_in, d_out)).astype(np.float32)
-        quants = {m: quantize_weight(m, w) for m in ("wint8", "w8a8", "block_wise_fp8")}
+        quants = {m: quantize_weight(m, w) for m in ("wint8", "w8a8", "w4a8", "block_wise_fp8")}
         for _ in range(LAYERS if args.distinct_layers else 1):
             weights.append((d_in, {m: dataclasses.replace(q, qweight=q.qweight.clone(), scales=q.scales.clone())
                                    for m, q in quants.items()}))
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
           f"ms per step (median of {args.rounds})")
     cols = [v for v in VARIANTS if v in run]
     print(f"{'rows':>5}" + "".join(f"{v:>11}" for v in cols) + "".join(
-        f"{r:>15}" for r in ("fma/wint8", "bf16/wint8", "bf16/w8a8", "fma/bf16")))
+        f"{r:>15}" for r in ("fma/wint8", "bf16/wint8", "bf16/w8a8", "fma/bf16", "w4a8/wint8")))
     for rows in args.rows:
         xs = {d_in: paddle.to_tensor(rng.normal(0, 1, (rows, d_in)).astype(np.float32)) for d_in, _ in PER_LAYER}
         variants = [v for v in cols if v != "fp8-ref" or rows in args.reference_rows]
@@ -186,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         med = {v: statistics.median(t[1:]) * 1e3 for v, t in times.items()}
         cells = "".join(f"{med[v]:>11.2f}" if v in med else f"{'-':>11}" for v in cols)
         bf16 = med.get("fp8-bf16", float("nan"))
-        ratios = (med["fp8-fma"] / med["wint8"], bf16 / med["wint8"], bf16 / med["w8a8"], med["fp8-fma"] / bf16)
+        ratios = (med["fp8-fma"] / med["wint8"], bf16 / med["wint8"], bf16 / med["w8a8"], med["fp8-fma"] / bf16,
+                  med["w4a8"] / med["wint8"])
         print(f"{rows:>5}{cells}" + "".join(f"{r:>15.2f}" for r in ratios), flush=True)
     print(f"load average {os.getloadavg()[0]:.2f} (end)")
     if args.decode_batch:

@@ -30,6 +30,13 @@ op's time against them at the read bandwidth measured right then.
     python benchmarks/moe_decode.py                       # wint8 wint4, B = 1 8
     python benchmarks/moe_decode.py --quantization wint4 --batch 1 --profile
     python benchmarks/moe_decode.py --paths layer fused     # the MoE layers' attention half fused or not
+    python benchmarks/moe_decode.py --paths fused loop --quantization wint4 \
+        --checkpoint ~/.cache/fd_core/ernie21b/bf16      # a step's MoE tokens in one region or expert by expert
+
+``loop`` is the default path with ``FD_X86_MOE_FEW_TOKENS=0``: a decode
+step's few tokens run expert by expert (a parallel region per linear), as
+before they ran in one region (``x86_moe_op.cc`` ``moe_few_tokens``).
+``--checkpoint`` times another ERNIE MoE checkpoint instead of the mid-size one.
     python benchmarks/moe_decode.py --call-overhead      # per-call cost of one MoE layer, tiny weights
 
 ``--call-overhead`` times ``Ops.moe_layer`` at T = 1 on a tiny wint8 layer
@@ -166,7 +173,7 @@ def run(args: argparse.Namespace) -> None:
     blocks = -(-max_len // BLOCK_SIZE)
     for method in args.quantization:
         quantization = parse_quantization(method, "Ernie4_5_MoeForCausalLM")
-        runner = ModelRunner(checkpoint(), backend, num_blocks=1 + blocks * sum(args.batch), block_size=BLOCK_SIZE,
+        runner = ModelRunner(args.checkpoint or checkpoint(), backend, num_blocks=1 + blocks * sum(args.batch), block_size=BLOCK_SIZE,
                              max_model_len=1024, quantization=quantization)
         runner.warmup()
         first = 1
@@ -222,16 +229,18 @@ def run(args: argparse.Namespace) -> None:
 # path -> label: FD_X86_MOE_NATIVE=0, FD_X86_MOE_LAYER=0, both on, each with the MoE layers'
 # attention half op by op (the MoE layers unfused); everything on (the default)
 MODES = {"0": "per-expert path", "ops": "native ops", "layer": "layer op",
-         "fused": "layer op + fused attention"}
+         "fused": "layer op + fused attention",
+         "loop": "the same, a step's tokens expert by expert (FD_X86_MOE_FEW_TOKENS=0)"}
 
 
 def _set_mode(mode: str, model: Any = None) -> None:
     os.environ["FD_X86_MOE_NATIVE"] = "0" if mode == "0" else "1"
-    os.environ["FD_X86_MOE_LAYER"] = "1" if mode in ("layer", "fused") else "0"
+    os.environ["FD_X86_MOE_LAYER"] = "1" if mode in ("layer", "fused", "loop") else "0"
+    os.environ["FD_X86_MOE_FEW_TOKENS"] = "0" if mode == "loop" else "1"
     if model is not None:
         for layer in model.layers:
             if not layer.is_dense:
-                layer.fused = mode == "fused"
+                layer.fused = mode in ("fused", "loop")
         model._runs = model._plan_runs()
 
 
@@ -298,6 +307,8 @@ def main() -> None:
     parser.add_argument("--paths", nargs="+", choices=list(MODES), default=list(MODES),
                         help="which paths to time (default: all): " + ", ".join(f"{k} = {v}" for k, v in MODES.items()))
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="another ERNIE MoE checkpoint (e.g. real_size.py's 21B bf16 files); default the mid-size")
     parser.add_argument("--call-overhead", action="store_true", help="only the per-call timing on tiny weights")
     args = parser.parse_args()
     if args.call_overhead:

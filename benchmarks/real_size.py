@@ -148,7 +148,8 @@ def report(args: argparse.Namespace, fd: dict[str, Any], lc: dict[str, Any], inf
     head = ["", "load", "peak RssAnon / RssFile during load, GiB", "VmHWM, GiB", "resident after load "
             "(anon + file), GiB", "VmHWM / resident"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    fd_label = "fd-core x86 wint4" + (" (--reuse-fd: an earlier run's)" if fd.get("reused") else "")
+    name = f"fd-core {args.backend} {args.quantization}"
+    fd_label = name + (" (--reuse-fd: an earlier run's)" if fd.get("reused") else "")
     lines.append(f"| {fd_label} | " + " | ".join(mem_cells(fd["load_s"], fd.get("mem"), fd["status"]["VmHWM"]))
                  + " |")
     lines.append("| llama.cpp Q4_0 | " + " | ".join(mem_cells(lc["load_s"], lc["mem"], lc["mem"].hwm)) + " |")
@@ -157,9 +158,9 @@ def report(args: argparse.Namespace, fd: dict[str, Any], lc: dict[str, Any], inf
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines.append("| llama.cpp Q4_0 | " + " | ".join([cell(lc["decode"][b]) for b in args.batch]
                                                     + [cell(lc["prefill"])]) + " |")
-    lines.append("| fd-core x86 wint4 | " + " | ".join([cell(fd["decode"][str(b)], lc["decode"][b]) for b in args.batch]
-                                                      + [cell(fd["prefill"], lc["prefill"])]) + " |")
-    lines += ["", f"greedy, {args.greedy_tokens} tokens x {len(fd['greedy'])} prompts: fd-core wint4 vs llama.cpp "
+    lines.append(f"| {name} | " + " | ".join([cell(fd["decode"][str(b)], lc["decode"][b]) for b in args.batch]
+                                             + [cell(fd["prefill"], lc["prefill"])]) + " |")
+    lines += ["", f"greedy, {args.greedy_tokens} tokens x {len(fd['greedy'])} prompts: {name} vs llama.cpp "
               f"Q4_0: {agreement(fd['greedy'], lc['greedy'])}",
               f"  fd-core {fd['greedy']}", f"  llama.cpp {lc['greedy']}",
               f"  ids >= {PIECES} (rows past the generated tokenizer's pieces: they win wherever the final "

@@ -173,7 +173,7 @@ def test_an_offline_checkpoint_with_static_scales_selects_int8_static():
     assert resolve_kv_cache_dtype("int8", config, "cpu", declared) == "int8_static"  # the checkpoint's int8
     with pytest.raises(ValueError, match="disagree"):
         resolve_kv_cache_dtype("fp8", config, "cpu", declared + ("fp8",))
-    with pytest.raises(UnsupportedFeatureError, match="backend 'gpu-x' has no KV cache in int8_static"):
+    with pytest.raises(UnsupportedFeatureError, match="declares the int8_static KV cache .*backend 'gpu-x' has float32, int8"):
         resolve_kv_cache_dtype("auto", config, "gpu-x", ("float32", "int8"))
     with pytest.raises(ValueError, match="int8_static needs an offline checkpoint with static per-channel"):
         resolve_kv_cache_dtype("int8_static", '{"kv_cache_quant_type": "int8"}', "cpu", declared)

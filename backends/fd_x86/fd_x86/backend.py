@@ -109,7 +109,8 @@ def fd_device_capabilities() -> Capabilities:
     # the hooks answer None for the others and fd-core's reference runs them)
     # bf16: 16-bit weights run native kernels (fd_x86.dense16; the bf16 GEMM rounds activations
     # to bf16), so --dtype auto keeps a bf16 / fp16 checkpoint's dtype on a CPU that has them
-    # block_wise_fp8: native linears (fd_x86.fp8) on AVX-512, the reference for experts; w4a8: the reference
+    # block_wise_fp8: native linears and experts (fd_x86.fp8) on AVX-512; w4a8: native 2-D linears on VNNI
+    # (fd_x86.linear.w4a8_linear), the reference for its experts
     # w4a8_static, wint2 (offline checkpoints' experts): native on AVX-512 VNNI (fd_x86.offline), else the reference
     return Capabilities(quantization_methods=("wint8", "wint4", "w8a8", "block_wise_fp8", "w4a8", "wint2",
                                               "w4a8_static"),
@@ -133,7 +134,7 @@ def fd_set_device(device_id: int) -> str:
 
 @hookimpl
 def fd_linear(x: Tensor, weight: Tensor | None, bias: Tensor | None, quant: Any) -> Tensor | None:
-    """``x @ W + bias`` for wint8 / wint4 / w8a8 weights (2-D w4a8_static / wint2
+    """``x @ W + bias`` for wint8 / wint4 / w8a8 / 2-D w4a8 weights (2-D w4a8_static / wint2
     too, ``fd_x86.offline``, on AVX-512 VNNI) and for unquantized
     bf16 / fp16 CPU weights (``fd_x86.dense16``); None otherwise (the
     reference answers), or when the ops cannot be built (logged once)."""
@@ -157,6 +158,16 @@ def fd_linear(x: Tensor, weight: Tensor | None, bias: Tensor | None, quant: Any)
     from fd_x86.offline import runs as offline_runs
 
     offline = offline_runs(quant.method) and len(quant.qweight.shape) == 2
+    if quant.method == "w4a8":
+        from fd_x86.linear import w4a8_linear
+
+        try:
+            out = w4a8_linear(x, quant)
+        except build.BuildError as exc:
+            _build_failed.append(str(exc))
+            logger.warning("fd_x86: %s; quantized linears fall back to fd-core's reference", exc)
+            return None
+        return out if out is None or bias is None else out + bias
     if quant.method not in METHODS and not (quant.method == FP8 and fp8_available()) and not offline:
         return None
     try:

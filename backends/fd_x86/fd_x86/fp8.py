@@ -101,31 +101,21 @@ def block_fp8_linear(x: Any, quant: Any, threads: int | None = None, kernel: str
     """``x [..., in] @ W`` in fp32 (in ``x``'s dtype) for a 2-D block-wise fp8
     ``quant``. ``kernel`` forces one of ``KERNELS`` (tests, benchmarks); the op
     refuses ``"bf16"`` on a CPU without it."""
-    import paddle
+    from fd_x86.linear import as_rows, from_rows
 
     if kernel not in KERNELS:
         raise ValueError(f"block_fp8_linear: kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
     if quant.method != METHOD or len(quant.qweight.shape) != 2:
         raise ValueError(f"block_fp8_linear takes a 2-D {METHOD} weight, got {quant.method} "
                          f"{list(quant.qweight.shape)}")
-    d_in, d_out = quant.in_features, quant.out_features
-    shape = x.shape
-    if shape[-1] != d_in:
-        raise ValueError(f"{METHOD} linear: x has {shape[-1]} input features, the weight {d_in}")
-    x2 = x if len(shape) == 2 else x.reshape([-1, d_in])
-    if x2.dtype != paddle.float32:
-        x2 = x2.astype("float32")
-    if not x2.is_contiguous():
-        x2 = x2.contiguous()
+    x2 = as_rows(x, quant.in_features, METHOD)
     qweight, scales = resident_codes(quant), quant.scales
     if not qweight.is_contiguous():
         qweight = qweight.contiguous()
     if not scales.is_contiguous():
         scales = scales.contiguous()
     out = load_ops().fd_x86_block_fp8_linear(x2, qweight, scales, threads or num_threads(), KERNELS[kernel])
-    if len(shape) != 2:
-        out = out.reshape(list(shape[:-1]) + [d_out])
-    return out if out.dtype == x.dtype else out.astype(x.dtype)
+    return from_rows(out, x, quant.out_features)
 
 
 def expert_block_fp8_linear(x: Any, stacked: Any, expert: int, threads: int | None = None) -> Any:

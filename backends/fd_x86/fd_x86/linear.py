@@ -145,7 +145,8 @@ def _packed(quant: Any) -> tuple[Any, Any] | None:
     if entry is not None and entry[0] == key:
         return entry[2], entry[3]
     group = quant.group_size if quant.group_size and quant.group_size > 0 else -1
-    w, s = pack_weight(quant.method, quant.qweight.numpy(), quant.scales.numpy(), group)
+    layout = "wint4" if quant.method == "w4a8" else quant.method  # w4a8 stores wint4's layout
+    w, s = pack_weight(layout, quant.qweight.numpy(), quant.scales.numpy(), group)
     packed_w, packed_s = host_tensor(w), host_tensor(np.ascontiguousarray(s, dtype=np.float32))
     # the entry holds the tensors its key names: were they freed, a new tensor could
     # take their memory (and so their key) while the entry still answered for it
@@ -160,8 +161,6 @@ def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None 
     ``repack=False`` runs the contract-layout kernel: for weights made per
     call (an expert's slice of a stacked weight), whose repacked copy would
     not be reused."""
-    import paddle
-
     if quant.method == "block_wise_fp8":  # its own op and layout (fd_x86.fp8)
         from fd_x86.fp8 import block_fp8_linear
 
@@ -171,26 +170,15 @@ def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None 
     if isa not in ISAS:
         raise ValueError(f"isa must be one of {sorted(ISAS)}, got {isa!r}")
     ops = load_ops()
-    d_in, d_out = quant.in_features, quant.out_features
-    shape = x.shape
-    if shape[-1] != d_in:
-        raise ValueError(f"{quant.method} linear: x has {shape[-1]} input features, the weight {d_in}")
-    # a decode step makes ~70 of these calls: no reshapes / casts / copies when x
-    # is already contiguous fp32 [M, in] (paddle's Python-side ops cost ~3 us each)
-    x2 = x if len(shape) == 2 else x.reshape([-1, d_in])
-    if x2.dtype != paddle.float32:
-        x2 = x2.astype("float32")
-    if not x2.is_contiguous():
-        x2 = x2.contiguous()
+    d_out = quant.out_features
+    x2 = as_rows(x, quant.in_features, quant.method)
     nthreads = threads or num_threads()
     group = quant.group_size if quant.group_size and quant.group_size > 0 else -1
     if x2.shape[0] >= PREFILL_INT8_MIN_ROWS and quant.method in _INT8_ACT_METHOD and isa == "auto" \
             and prefill_int8_enabled() and _has_vnni():
         out = _int8_act_linear(ops, x2, quant, group, nthreads, repack)
         if out is not None:
-            if len(shape) != 2:
-                out = out.reshape(list(shape[:-1]) + [d_out])
-            return out if out.dtype == x.dtype else out.astype(x.dtype)
+            return from_rows(out, x, d_out)
     use_packed = repack and _use_packed(isa) and (quant.method != "wint8" or x2.shape[0] <= WINT8_PACKED_MAX_ROWS)
     packed = _packed(quant) if use_packed else None
     if packed is not None:
@@ -205,9 +193,7 @@ def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None 
         if out.shape[-1] != d_out:
             raise ValueError(
                 f"{quant.method} linear: qweight has {out.shape[-1]} output channels, expected {d_out}")
-    if len(shape) != 2:
-        out = out.reshape(list(shape[:-1]) + [d_out])
-    return out if out.dtype == x.dtype else out.astype(x.dtype)
+    return from_rows(out, x, d_out)
 
 
 def _int8_act_linear(ops: Any, x2: Any, quant: Any, group: int, nthreads: int, repack: bool) -> Any:
@@ -225,3 +211,46 @@ def _int8_act_linear(ops: Any, x2: Any, quant: Any, group: int, nthreads: int, r
         return None
     return ops.fd_x86_packed_linear(x2, packed[0], packed[1], _INT8_ACT_METHOD["wint4"], quant.out_features, group,
                                     nthreads)
+
+
+def w4a8_linear(x: Any, quant: Any, threads: int | None = None) -> Any:
+    """``w4a8`` (int4 weights in wint4's layout, per-token dynamic int8 activations:
+    ``fd_core.quantization.w4a8``) for a 2-D weight on the packed int4 words with
+    int8 activations (``csrc/kernels_prefill_avx512.cc``: the activations quantized as
+    w8a8's, each group's int8 x int4 dot product exact in int32 by ``vpdpbusd``, then the
+    group scale and the token's scale in fp32): the reference's numbers up to fp32
+    summation order, at every row count. None where that kernel does not run (no VNNI,
+    ``FD_X86_REPACK=0``, K or the group not a multiple of 8, a stacked weight): the
+    reference answers."""
+    group = quant.group_size if quant.group_size and quant.group_size > 0 else -1
+    if quant.method != "w4a8" or len(quant.qweight.shape) != 2 or not _use_packed("auto") \
+            or not wint4_words(quant.in_features, group):
+        return None
+    x2 = as_rows(x, quant.in_features, quant.method)
+    packed = _packed(quant)
+    if packed is None:
+        return None
+    out = load_ops().fd_x86_packed_linear(x2, packed[0], packed[1], _INT8_ACT_METHOD["wint4"], quant.out_features,
+                                          group, threads or num_threads())
+    return from_rows(out, x, quant.out_features)
+
+
+def as_rows(x: Any, d_in: int, method: str) -> Any:
+    """``x [..., in]`` as the contiguous fp32 ``[M, in]`` the native linears take (no copy
+    when it already is: a decode step makes ~70 of these calls, paddle's Python-side ops
+    cost ~3 us each); raises naming ``method`` when the widths differ."""
+    import paddle
+
+    if x.shape[-1] != d_in:
+        raise ValueError(f"{method} linear: x has {x.shape[-1]} input features, the weight {d_in}")
+    x2 = x if len(x.shape) == 2 else x.reshape([-1, d_in])
+    if x2.dtype != paddle.float32:
+        x2 = x2.astype("float32")
+    return x2 if x2.is_contiguous() else x2.contiguous()
+
+
+def from_rows(out: Any, x: Any, d_out: int) -> Any:
+    """A native linear's ``[M, out]`` fp32 result back in ``x``'s leading shape and dtype."""
+    if len(x.shape) != 2:
+        out = out.reshape(list(x.shape[:-1]) + [d_out])
+    return out if out.dtype == x.dtype else out.astype(x.dtype)

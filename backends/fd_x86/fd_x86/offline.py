@@ -51,20 +51,12 @@ def runs(method: str) -> bool:
 
 def offline_linear(x: Any, quant: Any, threads: int | None = None) -> Any:
     """``x [..., in] @ W`` in fp32 (in ``x``'s dtype) for a 2-D ``w4a8_static`` / ``wint2`` ``quant``."""
-    import paddle
+    from fd_x86.linear import as_rows, from_rows
 
     if quant.method not in METHOD_CODE or len(quant.qweight.shape) != 2:
         raise ValueError(f"offline_linear takes a 2-D weight of {', '.join(OFFLINE_METHODS)}, got {quant.method} "
                          f"{list(quant.qweight.shape)}")
-    d_in, d_out = quant.in_features, quant.out_features
-    shape = x.shape
-    if shape[-1] != d_in:
-        raise ValueError(f"{quant.method} linear: x has {shape[-1]} input features, the weight {d_in}")
-    x2 = x if len(shape) == 2 else x.reshape([-1, d_in])
-    if x2.dtype != paddle.float32:
-        x2 = x2.astype("float32")
-    x2, qweight, scales = (t if t.is_contiguous() else t.contiguous() for t in (x2, quant.qweight, quant.scales))
+    x2 = as_rows(x, quant.in_features, quant.method)
+    qweight, scales = (t if t.is_contiguous() else t.contiguous() for t in (quant.qweight, quant.scales))
     out = load_ops().fd_x86_offline_linear(x2, qweight, scales, METHOD_CODE[quant.method], threads or num_threads())
-    if len(shape) != 2:
-        out = out.reshape(list(shape[:-1]) + [d_out])
-    return out if out.dtype == x.dtype else out.astype(x.dtype)
+    return from_rows(out, x, quant.out_features)

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -213,6 +214,9 @@ constexpr int64_t kFewTokens = 16;
 
 bool few_tokens_fit(int method, int64_t I, int64_t D, const Stacked* sh_up, int sh_method) {
   const auto plain = [](int m) { return m == kWint8 || m == kWint4 || m == kW8a8; };
+  // FD_X86_MOE_FEW_TOKENS=0: the per-expert loop at every T (A/B comparisons; read per call)
+  const char* off = std::getenv("FD_X86_MOE_FEW_TOKENS");
+  if (off != nullptr && off[0] == '0' && off[1] == '\0') return false;
   return plain(method) && I % 4 == 0 && D % 4 == 0 &&
          (sh_up == nullptr || (plain(sh_method) && (sh_up->N / 2) % 4 == 0));
 }
