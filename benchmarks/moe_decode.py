@@ -32,12 +32,12 @@ op's time against them at the read bandwidth measured right then.
     python benchmarks/moe_decode.py --paths layer fused     # the MoE layers' attention half fused or not
     python benchmarks/moe_decode.py --paths fused loop --quantization wint4 \
         --checkpoint ~/.cache/fd_core/ernie21b/bf16      # a step's MoE tokens in one region or expert by expert
+    python benchmarks/moe_decode.py --call-overhead      # per-call cost of one MoE layer, tiny weights
 
 ``loop`` is the default path with ``FD_X86_MOE_FEW_TOKENS=0``: a decode
 step's few tokens run expert by expert (a parallel region per linear), as
 before they ran in one region (``x86_moe_op.cc`` ``moe_few_tokens``).
 ``--checkpoint`` times another ERNIE MoE checkpoint instead of the mid-size one.
-    python benchmarks/moe_decode.py --call-overhead      # per-call cost of one MoE layer, tiny weights
 
 ``--call-overhead`` times ``Ops.moe_layer`` at T = 1 on a tiny wint8 layer
 (hidden 128, 16 experts top-4, width 128, 1 shared: the kernels take a few

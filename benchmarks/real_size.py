@@ -148,7 +148,8 @@ def report(args: argparse.Namespace, fd: dict[str, Any], lc: dict[str, Any], inf
     head = ["", "load", "peak RssAnon / RssFile during load, GiB", "VmHWM, GiB", "resident after load "
             "(anon + file), GiB", "VmHWM / resident"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    name = f"fd-core {args.backend} {args.quantization}"
+    # a --reuse-fd run's own configuration (saved with its figures), else this run's
+    name = f"fd-core {fd.get('backend', args.backend)} {fd.get('quantization', args.quantization)}"
     fd_label = name + (" (--reuse-fd: an earlier run's)" if fd.get("reused") else "")
     lines.append(f"| {fd_label} | " + " | ".join(mem_cells(fd["load_s"], fd.get("mem"), fd["status"]["VmHWM"]))
                  + " |")

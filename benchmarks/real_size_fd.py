@@ -74,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fdc.measure_prefill(row, args.prefill_len, 0)
     prompts = json.loads(args.prompts.read_text()) if args.prompts else []
     tokens = fdc.greedy_tokens(row, prompts, args.greedy_tokens) if prompts else []
-    result = {**loaded, "decode": {str(b): v[-1] for b, v in row.decode.items()}, "prefill": row.prefill[-1],
+    result = {**loaded, "backend": args.backend, "quantization": args.quantization,
+              "decode": {str(b): v[-1] for b, v in row.decode.items()}, "prefill": row.prefill[-1],
               "greedy": tokens, "final_status": parse_status(Path("/proc/self/status").read_text())}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -192,15 +192,17 @@ def resolve_kv_cache_dtype(requested: str, quantization: str | dict[str, Any] | 
         raise ValueError("--kv-cache-dtype int8_static needs an offline checkpoint with static per-channel "
                          "KV-cache scales (FastDeploy's W4A8C8: cachek/cachev_matmul.activation_scale); use int8 "
                          "for dynamic per-token scales")
-    if from_quant == "int8_static" and from_quant not in declared:
+    # auto, or int8 (made int8_static above): the checkpoint's static cache, which this backend lacks
+    if from_quant == "int8_static" and requested in ("auto", "int8_static") and from_quant not in declared:
         listed = ", ".join(declared) if declared else "none"
         raise UnsupportedFeatureError(
             "the checkpoint's int8 KV cache has static per-channel scales (FastDeploy's C8, kv_cache_quant_type "
             f"int8 in its quantization_config): it needs a backend that declares the int8_static KV cache (cpu, "
             f"x86); backend {backend_name!r} has {listed}. Use another --backend")
     if requested != "auto" and from_quant is not None and from_quant != requested:
-        raise ValueError(f"--kv-cache-dtype {requested} and --quantization kv_cache_quant_type "
-                         f"({from_quant}) disagree; give one of the two")
+        given = ("the checkpoint's kv_cache_quant_type (int8, static per-channel scales)" if from_quant == "int8_static"
+                 else f"--quantization kv_cache_quant_type ({from_quant})")
+        raise ValueError(f"--kv-cache-dtype {requested} and {given} disagree; give one of the two")
     if requested != "auto":
         chosen = requested
     elif from_quant is not None:

@@ -96,6 +96,29 @@ def stacked(method: str, weights: np.ndarray, group_size: int) -> QuantizedWeigh
     return param.data
 
 
+def check_moe_experts_against(ops, method: str, numpy_linear) -> None:
+    """``ops.moe_experts`` with ``method``'s experts (3 experts, top-2, group 32) against a
+    numpy composition of ``numpy_linear(x, qweight, scales)`` per expert (silu-and-mul between)."""
+    rng = np.random.default_rng(5)
+    num_experts, hidden, inter, tokens = 3, 64, 32, 6
+    up_gate = rng.normal(0, hidden**-0.5, (num_experts, hidden, 2 * inter)).astype(np.float32)
+    down = rng.normal(0, inter**-0.5, (num_experts, inter, hidden)).astype(np.float32)
+    quant = (stacked(method, up_gate, 32), stacked(method, down, 32))
+    x = rng.normal(0, 1, (tokens, hidden)).astype(np.float32)
+    ids = np.stack([np.arange(tokens) % 3, (np.arange(tokens) + 1) % 3], axis=1).astype(np.int64)
+    weights = rng.uniform(0.1, 1, (tokens, 2)).astype(np.float32)
+    out = ops.moe_experts(paddle.to_tensor(x), paddle.to_tensor(weights), paddle.to_tensor(ids),
+                          None, None, quant).numpy()
+    want = np.zeros((tokens, hidden))
+    for t in range(tokens):
+        for k in range(2):
+            e = int(ids[t, k])
+            h = numpy_linear(x[t:t + 1], quant[0].qweight[e].numpy(), quant[0].scales[e].numpy())
+            act = (h[:, :inter] / (1 + np.exp(-h[:, :inter])) * h[:, inter:]).astype(np.float32)
+            want[t] += weights[t, k] * numpy_linear(act, quant[1].qweight[e].numpy(), quant[1].scales[e].numpy())[0]
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("method,group_size", [("wint8", 128), ("wint4", 32), ("wint4", -1), ("w8a8", 128)])
 def test_moe_with_quantized_experts(ops, method, group_size):
     rng = np.random.default_rng(7)

@@ -10,7 +10,7 @@ import pytest
 from fd_core.quantization import dequantize, parse_quantization, quantize_weight
 
 from . import numpy_ref as ref
-from .test_reference import stacked
+from .test_reference import check_moe_experts_against
 
 
 def numpy_w4a8_linear(x: np.ndarray, packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -58,25 +58,7 @@ def test_linear_matches_numpy(ops, group_size, tokens, d_in, d_out, with_bias):
 
 
 def test_moe_experts(ops):
-    rng = np.random.default_rng(5)
-    num_experts, hidden, inter, tokens = 3, 64, 32, 6
-    up_gate = rng.normal(0, hidden**-0.5, (num_experts, hidden, 2 * inter)).astype(np.float32)
-    down = rng.normal(0, inter**-0.5, (num_experts, inter, hidden)).astype(np.float32)
-    quant = (stacked("w4a8", up_gate, 32), stacked("w4a8", down, 32))
-    x = rng.normal(0, 1, (tokens, hidden)).astype(np.float32)
-    ids = np.stack([np.arange(tokens) % 3, (np.arange(tokens) + 1) % 3], axis=1).astype(np.int64)
-    weights = rng.uniform(0.1, 1, (tokens, 2)).astype(np.float32)
-    out = ops.moe_experts(paddle.to_tensor(x), paddle.to_tensor(weights), paddle.to_tensor(ids),
-                          None, None, quant).numpy()
-    want = np.zeros((tokens, hidden))
-    for t in range(tokens):
-        for k in range(2):
-            e = int(ids[t, k])
-            h = numpy_w4a8_linear(x[t:t + 1], quant[0].qweight[e].numpy(), quant[0].scales[e].numpy())
-            act = (h[:, :inter] / (1 + np.exp(-h[:, :inter])) * h[:, inter:]).astype(np.float32)
-            want[t] += weights[t, k] * numpy_w4a8_linear(act, quant[1].qweight[e].numpy(),
-                                                         quant[1].scales[e].numpy())[0]
-    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    check_moe_experts_against(ops, "w4a8", numpy_w4a8_linear)
 
 
 def test_fastdeploy_split_in_mix_quant():

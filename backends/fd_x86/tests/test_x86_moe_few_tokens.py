@@ -90,24 +90,3 @@ def _check_few_tokens(method: str, shared_method: str | None, group: int, thread
         rows = slice(first, first + count)
         np.testing.assert_array_equal(call(x2[rows], ids2[rows], w2[rows]), both[rows])
 
-
-def test_the_switch_sends_few_tokens_through_the_per_expert_loop_with_the_same_bits(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """FD_X86_MOE_FEW_TOKENS=0 (read per call): the per-expert loop at every T; same results."""
-    ops = build.load_ops()
-    rng = np.random.default_rng(11)
-    experts, d, inter, k, tokens = 8, 256, 96, 3, 4
-    up = _weights("wint4", rng, experts, d, 2 * inter, 128)
-    down = _weights("wint4", rng, experts, inter, d, 128)
-    x = rng.standard_normal((tokens, d)).astype(np.float32)
-    ids = np.stack([rng.permutation(experts)[:k] for _ in range(tokens)]).astype(np.int64)
-    w = rng.random((tokens, k)).astype(np.float32)
-
-    def call() -> np.ndarray:
-        args = [paddle.to_tensor(a) for a in (x, ids, w, up[0], up[1], down[0], down[1])]
-        return ops.fd_x86_moe_experts(*args, _CODE["wint4"], _group(up[2]), _group(down[2]), 0, 2).numpy()
-
-    monkeypatch.delenv("FD_X86_MOE_FEW_TOKENS", raising=False)
-    one_region = call()
-    monkeypatch.setenv("FD_X86_MOE_FEW_TOKENS", "0")
-    np.testing.assert_array_equal(call(), one_region)
