@@ -42,3 +42,19 @@ def w8a8_linear(x: np.ndarray, qweight: np.ndarray, scales: np.ndarray) -> np.nd
     xq = np.clip(np.rint(x / s[:, None]), -127, 127).astype(np.int64)
     acc = xq @ qweight.astype(np.int64).T
     return acc * s.astype(np.float64)[:, None] * scales.astype(np.float64)[None, :]
+
+
+def int4_groups_product(xq: np.ndarray, packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """``sum_g scales[:, g] * (xq_g . codes_g)`` for quantized activations ``xq [T, in]`` and
+    packed int4 weights with group scales ``[out, groups]`` (the w4a8 / w4afp8 inner sums,
+    exact per group in float64 / int64), before the token scale."""
+    codes = unpack_int4(packed)  # [out, in]
+    if np.issubdtype(xq.dtype, np.floating):
+        codes = codes.astype(np.float64)
+    groups = scales.shape[1]
+    per = codes.shape[1] // groups
+    y = np.zeros((xq.shape[0], codes.shape[0]))
+    for g in range(groups):
+        cols = slice(g * per, (g + 1) * per)
+        y += (xq[:, cols] @ codes[:, cols].T) * scales[:, g].astype(np.float64)[None, :]
+    return y

@@ -244,3 +244,34 @@ def test_a_client_that_leaves_before_the_first_byte_releases_the_instance(fakes,
     a.headers_gate.set()
     wait_for(lambda: registered(r.url)[a.url]["in_flight"] == 0, what="the router's count released")
     wait_for(lambda: a.active == 0, what="the instance's stream closed")
+
+
+def test_forwarding_cancelled_before_the_answer_uncounts_the_request():
+    """The router's own handler cancelled while the instance has not answered (the server shutting
+    down, the client's task torn down): the instance's in-flight count goes back down."""
+    import asyncio
+
+    from fd_core.router.config import RouterConfig
+    from fd_core.router.proxy import Proxy
+    from fd_core.router.registry import Registry
+
+    async def main() -> tuple[int, int]:
+        never = asyncio.Event()
+
+        async def handler(request: httpx.Request) -> httpx.Response:
+            await never.wait()
+            return httpx.Response(200)
+
+        config = RouterConfig(instances=("http://a:1",))
+        registry = Registry(config)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            proxy = Proxy(config, registry, client)
+            task = asyncio.ensure_future(proxy.forward("POST", "/v1/completions", b"{}", {}))
+            await asyncio.sleep(0.05)
+            during = registry.instances["http://a:1"].in_flight
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return during, registry.instances["http://a:1"].in_flight
+
+    assert asyncio.run(main()) == (1, 0)
