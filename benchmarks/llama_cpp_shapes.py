@@ -27,6 +27,12 @@ _ALL_INT4 = json.dumps({"quantization": "mix_quant", "dense_quant_type": "wint4"
 # all-int4 with the LM head int4 too: a llama.cpp q4_0 file quantizes its output tensor (q6_K), FastDeploy's
 # mix_quant keeps it float (the all-int4 row): this row reads no more than q4_0 does
 _ALL_INT4_HEAD = json.dumps({**json.loads(_ALL_INT4), "lm_head_quant_type": "wint4"})
+# the rows of llama.cpp's own arithmetic and bytes: q8_0 / q4_0 multiply their weights with activations
+# quantized to int8 per 32 values (q8_0) and quantize the output tensor too; w8a8 / w4a8 take per-token int8
+# activations, and these rows quantize the head with the layers' method
+_WINT8_HEAD = json.dumps({"quantization": "wint8", "lm_head_quant_type": "wint8"})
+_W8A8_HEAD = json.dumps({"quantization": "w8a8", "lm_head_quant_type": "w8a8"})
+_W4A8_HEAD = json.dumps({"quantization": "w4a8", "lm_head_quant_type": "w4a8"})
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,16 @@ _DENSE_ROWS = (
     FdConfig("mix_quant all-int4", {"quantization": _ALL_INT4}, "q4_0"),
     FdConfig("w8a8", {"quantization": "w8a8"}, "q8_0"),
     FdConfig("all-int4 + int4 head", {"quantization": _ALL_INT4_HEAD}, "q4_0"),
+    FdConfig("wint8 + int8 head", {"quantization": _WINT8_HEAD}, "q8_0"),
+    FdConfig("w8a8 + w8a8 head", {"quantization": _W8A8_HEAD}, "q8_0"),
+    FdConfig("w4a8 + w4a8 head", {"quantization": _W4A8_HEAD}, "q4_0"),
 )
 _MOE_ROWS = (
     FdConfig("wint8", {"quantization": "wint8"}, "q8_0"),
     FdConfig("wint4 (experts int4)", {"quantization": "wint4"}, "q4_0"),
     FdConfig("w8a8", {"quantization": "w8a8"}, "q8_0"),
+    FdConfig("mix_quant all-int4", {"quantization": _ALL_INT4}, "q4_0"),
+    FdConfig("w4a8", {"quantization": "w4a8"}, "q4_0"),
 )
 _MOE_TITLE = ("mid-size MoE (hidden 1024, 4 layers: 1 dense + 3 MoE, 16 experts top-4, width 768, 1 shared)")
 SHAPES: dict[str, Shape] = {

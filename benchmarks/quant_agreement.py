@@ -79,6 +79,10 @@ ALIASES = {  # FastDeploy's mixed form: wint4 for dense layers too (plain wint4 
     # "quantized head": the opt-in int8 LM head (by default it stays float, as in FastDeploy)
     "wint8-qh": {"quantization": "wint8", "lm_head_quant_type": "wint8"},
     "w8a8-qh": {"quantization": "w8a8", "lm_head_quant_type": "w8a8"},
+    "wint4-all-qh": {"quantization": "mix_quant", "dense_quant_type": "wint4", "moe_quant_type": "wint4",
+                     "lm_head_quant_type": "wint4"},
+    # int4 weights x per-token int8 activations everywhere (llama.cpp q4_0's arithmetic), head included
+    "w4a8-qh": {"quantization": "w4a8", "lm_head_quant_type": "w4a8"},
     # FastDeploy's W4A8 split: int4 x int8 routed experts, dense layers wint8
     "w4a8-moe": {"quantization": "mix_quant", "dense_quant_type": "wint8", "moe_quant_type": "w4a8"},
     # FastDeploy's W4AFP8 split: int4 x fp8 (e4m3) routed experts, dense layers wint8

@@ -208,6 +208,23 @@ def ratio_table(runs: list[ServerRun], metrics: list[ServingMetrics]) -> tuple[s
     return "\n".join([f"{title:=^{len(rule)}}", *lines, rule]), ratios
 
 
+def arrival_note(requests: list[SampleRequest], arrivals: list[float], runs: list[ServerRun],
+                 metrics: list[ServingMetrics]) -> tuple[str, dict[str, float]]:
+    """What the arrival schedule alone allows: the last request goes out at ``arrivals[-1]``, so no
+    server finishes sooner and output throughput is at most ``sum(output_len) / arrivals[-1]``; each
+    server's throughput as a fraction of that bound (near 1: it kept up with the arrivals, and the
+    ratio between servers then measures the slower one's backlog, not the faster one's capacity)."""
+    last = float(arrivals[-1]) if arrivals else 0.0
+    if last <= 0:
+        return "arrivals: every request sent at once (the servers' capacity is what is compared)", {}
+    bound = sum(r.output_len for r in requests) / last
+    shares = {run.label: m.output_throughput / bound for run, m in zip(runs, metrics)}
+    cells = ", ".join(f"{label} {share:.2f}" for label, share in shares.items())
+    return (f"arrivals: last request sent at {last:.1f} s, so output throughput is at most {bound:.1f} tok/s on "
+            f"this stream; fraction of that bound: {cells} (near 1 means a server kept up with the arrivals: "
+            "compare capacity with --request-rate inf)"), {"last_arrival_s": last, "bound_tok_s": bound, **shares}
+
+
 def run_compare(args: argparse.Namespace) -> dict[str, Any]:
     """Drive every server with the same stream; prints the tables, returns the result."""
     labels = _check_args(args)
@@ -241,6 +258,8 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
             print(f"{run.label}: {m.failed} request(s) failed; first error: {errors[0]}")
     table, ratios = ratio_table(runs, metrics)
     print(table)
+    note, bound = arrival_note(requests, arrivals, runs, metrics)
+    print(note)
     same = all(r.sent_sha256 == stream_sha for r in runs)
     print("every server got the identical request stream" if same else
           "warning: the request streams differ between servers")
@@ -259,4 +278,5 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
             "summary": m.to_dict(), "requests": request_details(requests, run.records),
         } for run, m in zip(runs, metrics)],
         "ratios": ratios,
+        "arrival_bound": bound,
     }

@@ -172,3 +172,33 @@ def test_a_wrong_model_is_not_taken_for_a_refused_prompt(tmp_path, capsys):
                         "--random-output-range", "2:3") == 2
     err = capsys.readouterr().err
     assert "HTTP 404" in err and "--model" in err and "--text-fallback" not in err
+
+
+def test_the_arrival_bound_is_printed_and_saved(tmp_path, capsys):
+    app = make_app(delay=0.0005)
+    with ServerThread(app) as a, ServerThread(make_app(delay=0.0005)) as b:
+        code = _compare(tmp_path, "--base-url", a.url, "--base-url", b.url, "--num-prompts", "5",
+                        "--random-input-range", "4:8", "--random-output-range", "3:6", "--request-rate", "20",
+                        "--seed", "2")
+    assert code == 0
+    result = json.loads((tmp_path / "c.json").read_text())
+    bound = result["arrival_bound"]
+    last = result["arrivals"][-1]
+    total_out = sum(result["servers"][0]["requests"]["max_tokens"])
+    assert bound["last_arrival_s"] == pytest.approx(last)
+    assert bound["bound_tok_s"] == pytest.approx(total_out / last)
+    # no server can beat the schedule: its duration is at least the last arrival
+    for server in result["servers"]:
+        share = bound[server["label"]]
+        assert share == pytest.approx(server["summary"]["output_throughput"] / bound["bound_tok_s"])
+        assert 0 < share <= 1.0
+    assert f"last request sent at {last:.1f} s" in capsys.readouterr().out
+
+
+def test_all_at_once_has_no_arrival_bound(tmp_path, capsys):
+    with ServerThread(make_app(delay=0.0005)) as a, ServerThread(make_app(delay=0.0005)) as b:
+        code = _compare(tmp_path, "--base-url", a.url, "--base-url", b.url, "--num-prompts", "3",
+                        "--random-input-range", "4:8", "--random-output-range", "3:6", "--seed", "2")
+    assert code == 0
+    assert json.loads((tmp_path / "c.json").read_text())["arrival_bound"] == {}
+    assert "every request sent at once" in capsys.readouterr().out

@@ -52,7 +52,15 @@ from fd_x86.build import load_ops
 from fd_x86.dense16 import dense16_enabled
 from fd_x86.fp8 import available as fp8_available
 from fd_x86.fp8 import resident_codes as fp8_resident_codes
-from fd_x86.linear import _PACKED_METHOD, METHODS, WINT8_PACKED_MAX_ROWS, _packed, _use_packed
+from fd_x86.linear import (
+    _INT8_ACT_METHOD,
+    _PACKED_METHOD,
+    METHODS,
+    WINT8_PACKED_MAX_ROWS,
+    _packed,
+    _use_packed,
+    wint4_words,
+)
 
 __all__ = ["decoder_layers"]
 
@@ -150,6 +158,17 @@ def _packed_linears(layer: Any, contract: bool) -> tuple[list[Any], list[int], l
             methods.append(BLOCK_FP8)
             widths.append(int(quant.out_features))
             groups.append(-1)
+            continue
+        if quant.method == "w4a8":
+            # int4 words with per-token int8 activations on VNNI (fd_x86.linear.w4a8_linear's kernel)
+            group = int(quant.group_size) if quant.group_size and quant.group_size > 0 else -1
+            packed = _packed(quant) if _use_packed("auto") and wint4_words(int(quant.in_features), group) else None
+            if packed is None:
+                return None
+            weights += packed
+            methods.append(_INT8_ACT_METHOD["wint4"])
+            widths.append(int(quant.out_features))
+            groups.append(group)
             continue
         if quant.method not in METHODS:
             return None
