@@ -109,8 +109,8 @@ def fd_device_capabilities() -> Capabilities:
     # the hooks answer None for the others and fd-core's reference runs them)
     # bf16: 16-bit weights run native kernels (fd_x86.dense16; the bf16 GEMM rounds activations
     # to bf16), so --dtype auto keeps a bf16 / fp16 checkpoint's dtype on a CPU that has them
-    # block_wise_fp8: native linears and experts (fd_x86.fp8) on AVX-512; w4a8: native 2-D linears on VNNI
-    # (fd_x86.linear.w4a8_linear), the reference for its experts
+    # block_wise_fp8: native linears and experts (fd_x86.fp8) on AVX-512; w4a8: native 2-D linears, fused
+    # decoder layers and experts on VNNI (fd_x86.linear.w4a8_linear, fd_x86.layer, the MoE ops' method 5)
     # w4a8_static, wint2 (offline checkpoints' experts): native on AVX-512 VNNI (fd_x86.offline), else the reference
     return Capabilities(quantization_methods=("wint8", "wint4", "w8a8", "block_wise_fp8", "w4a8", "wint2",
                                               "w4a8_static"),

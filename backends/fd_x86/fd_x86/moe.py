@@ -10,7 +10,10 @@ doubled; each selected expert read once per call); wint4 experts whose
 input width and group size are multiples of 128 run a lookup-table kernel
 (``csrc/kernels_moe_avx512.cc``); the offline checkpoints' w4a8_static and
 wint2 experts run their own kernels in the same op (``fd_x86.offline``;
-AVX-512 VNNI, else None and the reference answers). Before it, a decode step of the mid-size
+AVX-512 VNNI, else None and the reference answers), and so do ``w4a8``
+experts and shared experts (int4 codes against per-token int8 activations,
+``csrc/kernels_w4a8_avx512.cc``; input widths and groups multiples of 128,
+else the reference answers). Before it, a decode step of the mid-size
 MoE spent ~0.3-0.4 ms per MoE layer in Python, gathers and scatters around
 the per-expert kernel calls (``benchmarks/moe_decode.py --profile``); the op
 made the step 1.35-1.55x faster at B = 1 and 8 (1 thread, README).
@@ -61,11 +64,12 @@ from fd_x86.fp8 import available as fp8_available
 from fd_x86.fp8 import expert_block_fp8_linear
 from fd_x86.linear import METHODS, PREFILL_INT8_MIN_ROWS, prefill_int8_enabled, quantized_linear
 from fd_x86.offline import METHOD_CODE as _OFFLINE_CODE
+from fd_x86.offline import W4A8_CODE, w4a8_experts_run
 from fd_x86.offline import runs as _offline_runs
 
 __all__ = ["layer_enabled", "moe_experts", "moe_layer", "moe_layer_experts", "native_enabled", "select_experts"]
 
-_METHOD_CODE = {"wint8": 0, "wint4": 1, "w8a8": 2, **_OFFLINE_CODE}  # fd_x86_moe_experts' ``method``
+_METHOD_CODE = {"wint8": 0, "wint4": 1, "w8a8": 2, **_OFFLINE_CODE, "w4a8": W4A8_CODE}  # the ops' ``method``
 _NO_BIAS: list[Any] = []  # a 1-element fp32 tensor standing in for a missing correction bias
 _LAYER_KEY = "x86.moe_layer"  # in the stacked up_gate weight's backend_cache
 
@@ -93,8 +97,8 @@ def moe_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any) -> Any:
     if not _experts_run(up_q, down_q) or down_q.method != up_q.method or len(x.shape) != 2 \
             or len(up_q.qweight.shape) != 3 or len(down_q.qweight.shape) != 3 or not x86_ops._host(x):
         return None
-    if up_q.method in _OFFLINE_CODE and not native_enabled():
-        return None  # the per-expert path below has contract-layout kernels only: the reference answers
+    if up_q.method not in METHODS and not native_enabled():
+        return None  # the per-expert path below has the METHODS' kernels only: the reference answers
     if native_enabled():
         return _native_experts(x, topk_weights, topk_ids, up_q, down_q)
 
@@ -146,7 +150,7 @@ def moe_layer_experts(x: Any, topk_weights: Any, topk_ids: Any, quant: Any, shar
     up_q, down_q = quant
     if not _experts_run(up_q, down_q) or down_q.method != up_q.method or len(x.shape) != 2 \
             or len(up_q.qweight.shape) != 3 or len(down_q.qweight.shape) != 3 or not x86_ops._host(x) \
-            or shared_up_gate.method not in METHODS or shared_down.method != shared_up_gate.method:
+            or not _shared_runs(shared_up_gate, shared_down):
         return None
     return _native_experts(x, topk_weights, topk_ids, up_q, down_q, (shared_up_gate, shared_down))
 
@@ -197,8 +201,7 @@ def _layer_entry(up_q: Any, objs: tuple[Any, ...], quant: Any, shared_up_gate: A
     if fits and bias is not None:
         fits = x86_ops._host(bias) and bias.is_contiguous() and int(bias.numel()) == int(gate.shape[1])
     if fits and has_shared:
-        fits = (_is_2d_quant(shared_up_gate) and _is_2d_quant(shared_down) and shared_up_gate.method in METHODS
-                and shared_down.method == shared_up_gate.method)
+        fits = _is_2d_quant(shared_up_gate) and _is_2d_quant(shared_down) and _shared_runs(shared_up_gate, shared_down)
     if fits:
         if bias is None:
             if not _NO_BIAS:
@@ -223,14 +226,24 @@ def _layer_entry(up_q: Any, objs: tuple[Any, ...], quant: Any, shared_up_gate: A
 
 def _experts_run(up_q: Any, down_q: Any) -> bool:
     """The routed experts' method has a native kernel here: the contract
-    layouts' (``METHODS``) or, on AVX-512 VNNI CPUs, the offline formats'
-    (``fd_x86.offline``) where the widths fit them (wint2: inputs a multiple
-    of 128, w4a8_static: even)."""
+    layouts' (``METHODS``) or, on AVX-512 VNNI CPUs, w4a8's and the offline
+    formats' (``fd_x86.offline``) where the widths fit them (wint2: inputs a
+    multiple of 128, w4a8_static: even, w4a8: ``w4a8_experts_run``)."""
     method = up_q.method
     if method in METHODS:
         return True
+    if method == "w4a8":
+        return w4a8_experts_run(up_q, down_q)
     multiple = 128 if method == "wint2" else 2
     return _offline_runs(method) and up_q.in_features % multiple == 0 and down_q.in_features % multiple == 0
+
+
+def _shared_runs(up: Any, down: Any) -> bool:
+    """The shared expert's two 2-D weights share a method the ops run for it:
+    wint8 / wint4 / w8a8, or w4a8 where ``w4a8_experts_run`` takes them."""
+    if down.method != up.method:
+        return False
+    return up.method in METHODS or (up.method == "w4a8" and w4a8_experts_run(up, down))
 
 
 def _is_2d_quant(weight: Any) -> bool:

@@ -20,6 +20,14 @@ with the same kernels (``csrc/kernels_offline_avx512.cc``), weights read in plac
 
 Needs AVX-512 VNNI; ``available()`` says whether this CPU has it (elsewhere
 the reference answers).
+
+The same VNNI arithmetic serves fd-core's dynamic ``w4a8`` experts
+(``csrc/kernels_w4a8_avx512.cc``, MoE method code ``W4A8_CODE``): wint4's
+contract int4 layout read in place, activations quantized per token exactly as
+``fd_core.quantization.w8a8.quantize_activations``, each group's int8 x int4 dot
+product exact in int32, then the group scale and the token's scale in fp32: the
+reference's numbers up to fp32 summation order, each token computed alone (the
+same bits whatever the batch). ``w4a8_experts_run`` says which weights it takes.
 """
 
 from __future__ import annotations
@@ -30,10 +38,11 @@ from typing import Any
 from fd_core.backends.cpu import num_threads
 from fd_x86.build import load_ops
 
-__all__ = ["METHOD_CODE", "OFFLINE_METHODS", "available", "offline_linear", "runs"]
+__all__ = ["METHOD_CODE", "OFFLINE_METHODS", "W4A8_CODE", "available", "offline_linear", "runs", "w4a8_experts_run"]
 
 OFFLINE_METHODS = ("w4a8_static", "wint2")
 METHOD_CODE = {"w4a8_static": 3, "wint2": 4}  # the ops' ``method`` (csrc/offline_op.h)
+W4A8_CODE = 5  # the MoE ops' ``method`` for w4a8 experts (kMoeW4a8)
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,6 +56,22 @@ def available() -> bool:
 def runs(method: str) -> bool:
     """Whether ``method`` is an offline format this CPU has kernels for."""
     return method in METHOD_CODE and available()
+
+
+def w4a8_experts_run(*quants: Any) -> bool:
+    """Whether the MoE ops run these ``w4a8`` weights natively (routed experts, or a
+    layer's shared expert): AVX-512 VNNI, and every weight's input width and group
+    size (per channel: the width) multiples of 128, the group dividing the width
+    (the kernel's int8 planes are whole 64-byte blocks per group). Elsewhere the MoE
+    ops are not called and the reference answers (e.g. groups of 64)."""
+    if not available():
+        return False
+    for quant in quants:
+        d_in = int(quant.in_features)
+        group = quant.group_size if quant.group_size and quant.group_size > 0 else d_in
+        if quant.method != "w4a8" or d_in % 128 or group % 128 or d_in % group:
+            return False
+    return True
 
 
 def offline_linear(x: Any, quant: Any, threads: int | None = None) -> Any:

@@ -141,7 +141,8 @@ def test_models_run_fp8_on_x86_like_the_reference(tmp_path, monkeypatch, shape):
     """The x86 backend lists block_wise_fp8 and w4a8: its fp8 linears are native
     (each call checked against the reference inside the model run; routed experts
     take the same kernel per expert, test_x86_moe.py), w4a8's linears run natively
-    (test_x86_w4a8.py) and its experts the reference; greedy tokens equal the CPU
+    (test_x86_w4a8.py) and so do its experts where the widths allow (test_x86_w4a8_moe.py); greedy
+    tokens equal the CPU
     reference's."""
     import fd_x86.fp8
 

@@ -1,7 +1,9 @@
 // fd_x86 kernels for the offline-checkpoint expert formats
 // (kernels_offline_avx512.cc): FastDeploy's W4A8C8 experts (fd-core's
 // ``w4a8_static``) and 2Bits experts (``wint2``), on fd-core's layouts read
-// in place (fd_core/quantization/w4a8.py, wint2.py). The ISA-independent
+// in place (fd_core/quantization/w4a8.py, wint2.py); and fd-core's dynamic
+// ``w4a8`` on the contract int4 layout (kernels_w4a8_avx512.cc), which the
+// MoE ops run for routed and shared experts. The ISA-independent
 // interface, as kernels.h (no paddle or STL headers in the kernel TU).
 #pragma once
 #include <cstdint>
@@ -38,5 +40,23 @@ void w4a8s_avx512_vnni(const LinearArgs& a);
 // (wint2_scale_rows). AVX-512 F/BW/VL/DQ.
 void wint2_avx512(const LinearArgs& a);
 void wint2_scale_rows(const float* x, int64_t M, int64_t K, float* xs);
+
+// w4a8 (kernels_w4a8_avx512.cc): int8 codes xq [M, ldq] as
+// quantize_rows_avx512 wrote them (the reference's per-token codes) ->
+// planes: row m's even inputs at planes[m * 2 * ldh + k / 2], its odd ones
+// at planes[m * 2 * ldh + ldh + k / 2] (ldh >= K / 2), gsum [M, G] = each
+// group's sum of codes. K and group_size multiples of 128, G = K / group_size.
+void w4a8_split_avx512(const int8_t* xq, int64_t M, int64_t K, int64_t ldq, int64_t group_size, int8_t* planes,
+                       int64_t ldh, int32_t* gsum);
+
+// out [M, N] = xscale[m] * sum_g scales[n, g] * (sum_{k in g} xq[m, k] * q[n, k])
+// on the contract int4 layout (a.w uint8 [N, K/2], signed nibbles, low =
+// even input; a.scales fp32 [N, G], a.groups = G, a.group_size: a multiple of
+// 128, K = G * group_size). a.xq / a.ldh / a.xsum (= gsum) as
+// w4a8_split_avx512 wrote them, a.xscale the tokens' scales. Each group's dot
+// product is exact in int32 (vpdpbusd on code + 8, minus 8 * gsum), then
+// fp32; every (row, channel) value is summed in one order whatever M, the
+// tiles or the channel range (batch invariant). AVX-512 VNNI.
+void w4a8_avx512_vnni(const LinearArgs& a);
 
 }  // namespace fdx86

@@ -11,8 +11,9 @@
 namespace fdx86 {
 
 // fd_x86_moe_experts' / fd_x86_moe_layer's ``method`` codes past wint8 (0),
-// wint4 (1) and w8a8 (2).
-constexpr int kMoeW4a8Static = 3, kMoeWint2 = 4;
+// wint4 (1) and w8a8 (2). w4a8 (5) reads wint4's contract layout (the MoE
+// ops' Stacked checks it as wint4's) and runs w4a8_linear below.
+constexpr int kMoeW4a8Static = 3, kMoeWint2 = 4, kMoeW4a8 = 5;
 
 inline bool moe_offline_method(int method) { return method == kMoeW4a8Static || method == kMoeWint2; }
 
@@ -31,5 +32,22 @@ void moe_offline_layout(const char* name, int method, const paddle::Tensor& qwei
 void offline_linear(int method, const uint8_t* w, const float* scales, const float* x, int64_t M, int64_t N,
                     int64_t K, float* out, int threads, std::vector<int8_t>* xq, std::vector<int32_t>* xsum,
                     std::vector<float>* xs);
+
+// w4a8's per-call activation buffers, reused across calls.
+struct W4a8Scratch {
+  std::vector<int8_t> codes, planes;
+  std::vector<float> xscale;
+  std::vector<int32_t> gsum, rowsum;  // rowsum: quantize_rows' whole-row sums (unused)
+};
+
+// out [M, N] = x [M, K] @ one w4a8 matrix on the contract int4 layout (w:
+// uint8 [N, K/2], scales fp32 [N, K / group_size]): x quantized per token as
+// the reference (quantize_rows_avx512: s_t = max|x_t| / 127, rint, clip),
+// exact int32 dot products per group, group scales and s_t in fp32
+// (w4a8_avx512_vnni). K and group_size multiples of 128 (group_size = K per
+// channel); checked, as AVX-512 VNNI. Every token's row is computed alone:
+// the same bits at any M.
+void w4a8_linear(const uint8_t* w, const float* scales, const float* x, int64_t M, int64_t N, int64_t K,
+                 int64_t group_size, float* out, int threads, W4a8Scratch* scratch);
 
 }  // namespace fdx86

@@ -24,6 +24,7 @@
 
 #include "moe_kernels.h"
 #include "moe_op.h"
+#include "offline_op.h"
 #include "paddle/extension.h"
 
 namespace {
@@ -80,8 +81,8 @@ std::vector<paddle::Tensor> MoeLayer(
                          ids.data() + t * top_k, probs.data(), score.data(), idx.data());
   fdx86::MoeSharedArgs shared;
   if (has_shared) {
-    PD_CHECK(shared_method >= 0 && shared_method <= 2, op, ": shared_method must be 0 (wint8), 1 (wint4) or 2 (w8a8), ",
-             "got ", shared_method);
+    PD_CHECK((shared_method >= 0 && shared_method <= 2) || shared_method == fdx86::kMoeW4a8, op,
+             ": shared_method must be 0 (wint8), 1 (wint4), 2 (w8a8) or 5 (w4a8), got ", shared_method);
     shared.method = shared_method;
     shared.up_qweight = &shared_up_qweight;
     shared.up_scales = &shared_up_scales;

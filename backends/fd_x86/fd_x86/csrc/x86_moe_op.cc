@@ -4,7 +4,7 @@
 //     x fp32 [T, D]; topk_ids int64 [T, k]; topk_weights fp32 [T, k]; the
 //     stacked expert weights in the fd-core contract layout, read in place:
 //       wint8 / w8a8: qweight int8 [E, N, K], scales fp32 [E, N]
-//       wint4:        qweight uint8 [E, N, K/2], scales fp32 [E, N, G]
+//       wint4 / w4a8: qweight uint8 [E, N, K/2], scales fp32 [E, N, G]
 //       w4a8_static / wint2 (offline checkpoints): offline_op.h's layouts
 //     (up_gate: N = 2I, K = D, rows [gate | up]; down: N = D, K = I)
 //     -> out fp32 [T, D] = sum_k w[t, k] * down_e(silu(gate_e x_t) * up_e x_t).
@@ -12,8 +12,10 @@
 //     reference's order), so each selected expert's weights are read once per
 //     call; each expert's two linears run the per-ISA contract-layout kernels
 //     (kernels.h), threads split over each linear's output channels. Attributes:
-//     method (0 wint8, 1 wint4, 2 w8a8, 3 w4a8_static, 4 wint2), up_group / down_group (wint4's
-//     group size, -1 = K), isa (0 auto, 1 AVX2, 2 AVX-512), threads.
+//     method (0 wint8, 1 wint4, 2 w8a8, 3 w4a8_static, 4 wint2, 5 w4a8), up_group / down_group (wint4's
+//     and w4a8's group size, -1 = K), isa (0 auto, 1 AVX2, 2 AVX-512), threads.
+//     w4a8 (wint4's layout, per-token int8 activations; AVX-512 VNNI, K and
+//     the group multiples of 128) runs w4a8_linear (offline_op.h) at any isa.
 //
 //   fd_x86_moe_experts_shared(..., shared_up_qweight, shared_up_scales, shared_down_qweight, shared_down_scales)
 //     the same plus the layer's shared expert: 2-D weights (qweight [N, K'],
@@ -48,7 +50,10 @@
 
 namespace {
 
-constexpr int kWint8 = 0, kWint4 = 1, kW8a8 = 2;
+constexpr int kWint8 = 0, kWint4 = 1, kW8a8 = 2, kW4a8 = fdx86::kMoeW4a8;
+
+// the methods whose weights are the contract layouts (wint4's for w4a8), shared experts included
+bool contract_method(int m) { return m == kWint8 || m == kWint4 || m == kW8a8 || m == kW4a8; }
 
 }  // namespace
 
@@ -96,20 +101,25 @@ struct Stacked {
       scales = s.data<float>();
       return;
     }
-    PD_CHECK(qweight.dtype() == (method == kWint4 ? paddle::DataType::UINT8 : paddle::DataType::INT8), op, ": ", name,
-             " qweight must be ", method == kWint4 ? "uint8" : "int8");
+    const bool int4 = method == kWint4 || method == kW4a8;  // w4a8 stores wint4's layout
+    PD_CHECK(qweight.dtype() == (int4 ? paddle::DataType::UINT8 : paddle::DataType::INT8), op, ": ", name,
+             " qweight must be ", int4 ? "uint8" : "int8");
     PD_CHECK(s.dtype() == paddle::DataType::FLOAT32, op, ": ", name, " scales must be float32");
     E = single ? 1 : qweight.shape()[0];
     N = qweight.shape()[dims - 2];
     K = K_;
-    row_bytes = method == kWint4 ? K / 2 : K;
+    row_bytes = int4 ? K / 2 : K;
     PD_CHECK(qweight.shape()[dims - 1] == row_bytes, op, ": ", name, " qweight has ", qweight.shape()[dims - 1],
              " bytes per row (N = ", N, "), expected ", row_bytes, " for K = ", K);
-    if (method == kWint4) {
+    if (int4) {
       PD_CHECK(K % 2 == 0, op, ": wint4 needs an even K, got ", K);
       group_size = group <= 0 ? K : group;
       PD_CHECK(group_size % 2 == 0, op, ": ", name, " group_size must be even, got ", group);
       groups = (K + group_size - 1) / group_size;
+    }
+    if (method == kW4a8) {  // the kernel's int8 planes: whole 64-byte blocks per group
+      PD_CHECK(K % 128 == 0 && group_size % 128 == 0 && K % group_size == 0, op, ": ", name, " w4a8 needs K (", K,
+               ") and the group size (", group_size, ") multiples of 128, the group dividing K");
     }
     PD_CHECK(s.numel() == E * N * groups, op, ": ", name, " scales must have E * N * groups = ", E * N * groups,
              " values, got ", s.numel());
@@ -125,6 +135,7 @@ struct Scratch {
   std::vector<float> xscale;
   std::vector<int32_t> xsum;
   bool int8_act = false;  // wint8 linears take int8 activations (the opt-in prefill path)
+  fdx86::W4a8Scratch w4a8;
 };
 
 // out [M, N] = x [M, K] @ expert e's weight of `s`, with `method`'s kernel.
@@ -139,6 +150,11 @@ void expert_linear(const Stacked& s, int64_t e, const float* x, int64_t M, float
   a.scales = s.scales + e * s.N * s.groups;
   a.out = out;
   a.threads = threads;
+  if (method == kW4a8) {  // x86_offline_op.cc: per-token int8 activations, VNNI
+    fdx86::w4a8_linear(static_cast<const uint8_t*>(a.w), a.scales, x, M, s.N, s.K, s.group_size, out, threads,
+                       &scratch->w4a8);
+    return;
+  }
   if (fdx86::moe_offline_method(method)) {  // w4a8_static / wint2 (x86_offline_op.cc)
     fdx86::offline_linear(method, static_cast<const uint8_t*>(a.w), a.scales, x, M, s.N, s.K, out, threads,
                           &scratch->xq, &scratch->xsum, &scratch->xe);
@@ -207,13 +223,14 @@ Stacked channel_rows(const Stacked& s, int64_t e, int64_t n0, int64_t n1) {
 }
 
 // A decode step's few tokens (T <= kFewTokens) take moe_few_tokens where
-// every linear is wint8 / wint4 / w8a8 and the widths are multiples of 4
+// every linear is wint8 / wint4 / w8a8 / w4a8 (w4a8: each channel alone,
+// whatever the slice) and the widths are multiples of 4
 // (each slice then holds whole 4-channel register tiles, so a channel is
 // summed as in the per-expert loop).
 constexpr int64_t kFewTokens = 16;
 
 bool few_tokens_fit(int method, int64_t I, int64_t D, const Stacked* sh_up, int sh_method) {
-  const auto plain = [](int m) { return m == kWint8 || m == kWint4 || m == kW8a8; };
+  const auto plain = contract_method;
   // FD_X86_MOE_FEW_TOKENS=0: the per-expert loop at every T (A/B comparisons; read per call)
   const char* off = std::getenv("FD_X86_MOE_FEW_TOKENS");
   if (off != nullptr && off[0] == '0' && off[1] == '\0') return false;
@@ -317,8 +334,8 @@ paddle::Tensor fdx86::moe_forward(const paddle::Tensor& x, const int64_t* ids, c
                                   int up_group, int down_group, int isa, int threads, const MoeSharedArgs* shared,
                                   int64_t int8_act_rows) {
   const char* op = "fd_x86_moe_experts";
-  PD_CHECK(method == kWint8 || method == kWint4 || method == kW8a8 || moe_offline_method(method), op,
-           ": method must be 0 (wint8), 1 (wint4), 2 (w8a8), 3 (w4a8_static) or 4 (wint2), got ", method);
+  PD_CHECK(contract_method(method) || moe_offline_method(method), op,
+           ": method must be 0 (wint8), 1 (wint4), 2 (w8a8), 3 (w4a8_static), 4 (wint2) or 5 (w4a8), got ", method);
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2 && x.is_contiguous(), op,
            ": x must be contiguous float32 [T, D] on the CPU");
   const int64_t T = x.shape()[0], D = x.shape()[1];
@@ -441,8 +458,9 @@ std::vector<paddle::Tensor> MoeExpertsShared(
     const paddle::Tensor& down_scales, const paddle::Tensor& shared_up_qweight, const paddle::Tensor& shared_up_scales,
     const paddle::Tensor& shared_down_qweight, const paddle::Tensor& shared_down_scales, int method, int up_group,
     int down_group, int shared_method, int shared_up_group, int shared_down_group, int isa, int threads) {
-  PD_CHECK(shared_method == kWint8 || shared_method == kWint4 || shared_method == kW8a8,
-           "fd_x86_moe_experts_shared: shared_method must be 0 (wint8), 1 (wint4) or 2 (w8a8), got ", shared_method);
+  PD_CHECK(contract_method(shared_method),
+           "fd_x86_moe_experts_shared: shared_method must be 0 (wint8), 1 (wint4), 2 (w8a8) or 5 (w4a8), got ",
+           shared_method);
   fdx86::MoeSharedArgs shared;
   shared.method = shared_method;
   shared.up_qweight = &shared_up_qweight;

@@ -6,7 +6,8 @@
 //     -> out fp32 [M, N]
 //
 // The routed experts reach the same kernels through fd_x86_moe_experts /
-// fd_x86_moe_layer (x86_moe_op.cc: method 3 or 4). Needs AVX-512 VNNI.
+// fd_x86_moe_layer (x86_moe_op.cc: method 3 or 4), and the w4a8 experts
+// (method 5) w4a8_linear below (kernels_w4a8_avx512.cc). Needs AVX-512 VNNI.
 // Baseline x86-64 code with paddle headers, like the other ops.
 #include <cstdint>
 #include <vector>
@@ -68,6 +69,37 @@ void fdx86::offline_linear(int method, const uint8_t* w, const float* scales, co
   a.xq = xq->data();
   a.xsum = xsum->data();
   w4a8s_avx512_vnni(a);
+}
+
+void fdx86::w4a8_linear(const uint8_t* w, const float* scales, const float* x, int64_t M, int64_t N, int64_t K,
+                        int64_t group_size, float* out, int threads, W4a8Scratch* scratch) {
+  PD_CHECK(cpu_has_avx512_vnni(), "fd_x86: the w4a8 expert kernel needs AVX-512 VNNI, which this CPU lacks");
+  PD_CHECK(K % 128 == 0 && group_size % 128 == 0 && K % group_size == 0, "fd_x86 w4a8 experts: K (", K,
+           ") and group_size (", group_size, ") must be multiples of 128 with group_size dividing K");
+  if (M == 0 || N == 0) return;
+  threads = threads < 1 ? 1 : threads;
+  LinearArgs a;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.w = w;
+  a.scales = scales;
+  a.groups = K / group_size;
+  a.group_size = group_size;
+  a.out = out;
+  a.threads = threads;
+  a.ldh = K / 2;
+  scratch->codes.resize(M * K);
+  scratch->planes.resize(M * K);
+  scratch->xscale.resize(M);
+  scratch->gsum.resize(M * a.groups);
+  scratch->rowsum.resize(M);
+  quantize_rows_avx512(x, M, K, scratch->codes.data(), K, scratch->xscale.data(), scratch->rowsum.data(), threads);
+  w4a8_split_avx512(scratch->codes.data(), M, K, K, group_size, scratch->planes.data(), a.ldh, scratch->gsum.data());
+  a.xq = scratch->planes.data();
+  a.xscale = scratch->xscale.data();
+  a.xsum = scratch->gsum.data();
+  w4a8_avx512_vnni(a);
 }
 
 namespace {
