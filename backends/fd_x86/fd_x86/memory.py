@@ -14,10 +14,17 @@ no copy). A chunk's memory returns to the OS when no array carved from it is
 left (weights live as long as their model, so they go together).
 ``FD_X86_HUGEPAGES=0`` turns the arena off (paddle's allocator then). Where
 the kernel has no THP the advice is ignored and the arena is plain memory.
+
+Weights read in place (the stacked MoE experts: a repacked copy would double
+the largest part of a MoE model) stay in paddle's memory; ``advise_huge_pages``
+advises their whole 2 MiB pages ``MADV_HUGEPAGE`` and asks the kernel to
+collapse them now (``MADV_COLLAPSE``, Linux 6.1+; older kernels leave it to
+khugepaged), so they are read through huge pages too without a copy of our own.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import threading
@@ -25,11 +32,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HugePageArena", "enabled", "host_tensor"]
+__all__ = ["HugePageArena", "advise_huge_pages", "enabled", "host_tensor"]
 
 HUGE_PAGE = 2 << 20
 CHUNK_BYTES = 64 << 20  # arrays above half a chunk get a mapping of their own
 _ALIGN = 64  # every array starts on a cache line
+_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25  # <asm-generic/mman-common.h>
+_ADVISED: set[tuple[int, int]] = set()  # (start, end) ranges already advised in this process
 
 
 def enabled() -> bool:
@@ -91,3 +100,30 @@ def host_tensor(a: np.ndarray) -> Any:
     if not enabled():
         return paddle.to_tensor(np.ascontiguousarray(a))
     return paddle.utils.dlpack.from_dlpack(_ARENA.copy(a))
+
+
+def _libc() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.madvise.restype = ctypes.c_int
+    return libc
+
+
+def advise_huge_pages(tensor: Any) -> int:
+    """Advise the whole 2 MiB pages inside a CPU tensor's memory ``MADV_HUGEPAGE``
+    and collapse them (``MADV_COLLAPSE``); returns the bytes advised (0: off,
+    too small, or refused by the kernel: the memory stays as it was, only its
+    page size can change, never its contents). Once per range and process."""
+    if not enabled() or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return 0
+    begin = int(tensor.data_ptr())
+    end = begin + int(tensor.numel()) * int(tensor.element_size())
+    start, stop = -(-begin // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
+    if stop <= start or (start, stop) in _ADVISED:
+        return 0
+    _ADVISED.add((start, stop))
+    libc = _libc()
+    if libc.madvise(ctypes.c_void_p(start), stop - start, _MADV_HUGEPAGE) != 0:
+        return 0
+    libc.madvise(ctypes.c_void_p(start), stop - start, _MADV_COLLAPSE)  # best effort: EINVAL on old kernels
+    return stop - start

@@ -63,6 +63,7 @@ from fd_x86.fp8 import METHOD as FP8
 from fd_x86.fp8 import available as fp8_available
 from fd_x86.fp8 import expert_block_fp8_linear
 from fd_x86.linear import METHODS, PREFILL_INT8_MIN_ROWS, prefill_int8_enabled, quantized_linear
+from fd_x86.memory import advise_huge_pages
 from fd_x86.offline import METHOD_CODE as _OFFLINE_CODE
 from fd_x86.offline import W4A8_CODE, w4a8_experts_run
 from fd_x86.offline import runs as _offline_runs
@@ -210,6 +211,8 @@ def _layer_entry(up_q: Any, objs: tuple[Any, ...], quant: Any, shared_up_gate: A
         shared_tensors = ([shared_up_gate.qweight, shared_up_gate.scales, shared_down.qweight, shared_down.scales]
                           if has_shared else [gate] * 4)  # unread without a shared expert
         tensors = [gate, bias, up_q.qweight, up_q.scales, down_q.qweight, down_q.scales, *shared_tensors]
+        for weight in (up_q.qweight, down_q.qweight):  # the experts stream from memory: read via 2 MiB pages
+            advise_huge_pages(weight)
         attrs = (_METHOD_CODE[up_q.method], _group(up_q), _group(down_q), has_shared,
                  _METHOD_CODE[shared_up_gate.method] if has_shared else 0,
                  _group(shared_up_gate) if has_shared else -1, _group(shared_down) if has_shared else -1, 0)

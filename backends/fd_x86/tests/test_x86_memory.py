@@ -278,3 +278,40 @@ def test_packed_weights_come_through_host_tensor(
     repacked = linear._packed(quant)
     assert len(calls) == 4 and repacked[1] is not packed[1]
     np.testing.assert_array_equal(repacked[1].numpy(), np.asarray(want_s, np.float32) * 2)
+
+
+def _anon_huge_kb(start: int, stop: int) -> int:
+    """AnonHugePages (kB) of the mappings of this process that overlap [start, stop)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo < stop and start < hi
+            elif inside and head == "AnonHugePages:":
+                total += int(line.split()[1])
+    return total
+
+
+def test_advise_huge_pages_keeps_a_paddle_tensor_and_advises_its_whole_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FD_X86_HUGEPAGES", "1")
+    values = np.random.default_rng(0).integers(-128, 127, size=(5 * HUGE_PAGE + 12345,), dtype=np.int8)
+    t = paddle.to_tensor(values)
+    begin = t.data_ptr()
+    start, stop = -(-begin // HUGE_PAGE) * HUGE_PAGE, (begin + values.size) // HUGE_PAGE * HUGE_PAGE
+    advised = memory.advise_huge_pages(t)
+    assert advised in (0, stop - start)  # 0 only where this kernel has no THP
+    np.testing.assert_array_equal(t.numpy(), values)  # only the page size may change, never the contents
+    assert memory.advise_huge_pages(t) == 0  # once per range
+    thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read() if \
+        memory.os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled") else ""
+    if advised and "[never]" not in thp:
+        assert _anon_huge_kb(start, stop) > 0, "MADV_COLLAPSE left no huge page in the advised range"
+
+
+def test_advise_huge_pages_is_off_with_the_arena_and_for_small_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FD_X86_HUGEPAGES", "0")
+    assert memory.advise_huge_pages(paddle.zeros([4 * HUGE_PAGE], dtype="int8")) == 0
+    monkeypatch.setenv("FD_X86_HUGEPAGES", "1")
+    assert memory.advise_huge_pages(paddle.zeros([1000], dtype="float32")) == 0  # no whole 2 MiB page inside
