@@ -209,20 +209,28 @@ def ratio_table(runs: list[ServerRun], metrics: list[ServingMetrics]) -> tuple[s
 
 
 def arrival_note(requests: list[SampleRequest], arrivals: list[float], runs: list[ServerRun],
-                 metrics: list[ServingMetrics]) -> tuple[str, dict[str, float]]:
-    """What the arrival schedule alone allows: the last request goes out at ``arrivals[-1]``, so no
-    server finishes sooner and output throughput is at most ``sum(output_len) / arrivals[-1]``; each
-    server's throughput as a fraction of that bound (near 1: it kept up with the arrivals, and the
-    ratio between servers then measures the slower one's backlog, not the faster one's capacity)."""
+                 metrics: list[ServingMetrics]) -> tuple[str, dict[str, Any]]:
+    """What the arrival schedule alone allows: the last request goes out at ``arrivals[-1]`` (its
+    scheduled time), so no server finishes sooner and output throughput is at most
+    ``sum(output_len) / arrivals[-1]``. Per server: its throughput as a fraction of that bound, and
+    its drain time (the run's duration minus the last arrival) against its median end-to-end
+    latency: a server that kept up with the arrivals drains in about one request's latency, one
+    with a backlog takes much longer. Even a server with spare capacity stays below the bound by
+    that tail, so when both servers keep up the throughput ratio measures their tail latencies."""
     last = float(arrivals[-1]) if arrivals else 0.0
     if last <= 0:
         return "arrivals: every request sent at once (the servers' capacity is what is compared)", {}
-    bound = sum(r.output_len for r in requests) / last
-    shares = {run.label: m.output_throughput / bound for run, m in zip(runs, metrics)}
-    cells = ", ".join(f"{label} {share:.2f}" for label, share in shares.items())
-    return (f"arrivals: last request sent at {last:.1f} s, so output throughput is at most {bound:.1f} tok/s on "
-            f"this stream; fraction of that bound: {cells} (near 1 means a server kept up with the arrivals: "
-            "compare capacity with --request-rate inf)"), {"last_arrival_s": last, "bound_tok_s": bound, **shares}
+    total = sum(r.output_len for r in requests)
+    bound = total / last
+    servers = {run.label: {"share": m.output_throughput / bound if bound else 0.0,
+                           "drain_s": max(0.0, m.duration - last), "median_e2el_s": m.e2el.median / 1e3}
+               for run, m in zip(runs, metrics)}
+    cells = "; ".join(f"{label}: {v['share']:.2f} of it, drained {v['drain_s']:.1f} s after the last arrival "
+                      f"(median E2EL {v['median_e2el_s']:.1f} s)" for label, v in servers.items())
+    note = (f"arrivals: last request scheduled at {last:.1f} s, so output throughput is at most {bound:.1f} tok/s "
+            f"on this stream; {cells}. Drain near one E2EL: the server kept up with the arrivals (compare "
+            "capacity with --request-rate inf); much longer: it had a backlog")
+    return note, {"last_arrival_s": last, "bound_tok_s": bound, "servers": servers}
 
 
 def run_compare(args: argparse.Namespace) -> dict[str, Any]:

@@ -189,10 +189,12 @@ def test_the_arrival_bound_is_printed_and_saved(tmp_path, capsys):
     assert bound["bound_tok_s"] == pytest.approx(total_out / last)
     # no server can beat the schedule: its duration is at least the last arrival
     for server in result["servers"]:
-        share = bound[server["label"]]
-        assert share == pytest.approx(server["summary"]["output_throughput"] / bound["bound_tok_s"])
-        assert 0 < share <= 1.0
-    assert f"last request sent at {last:.1f} s" in capsys.readouterr().out
+        mine = bound["servers"][server["label"]]
+        assert mine["share"] == pytest.approx(server["summary"]["output_throughput"] / bound["bound_tok_s"])
+        assert 0 < mine["share"] <= 1.0
+        assert mine["drain_s"] >= 0 and mine["median_e2el_s"] > 0
+    out = capsys.readouterr().out
+    assert f"last request scheduled at {last:.1f} s" in out and "drained" in out
 
 
 def test_all_at_once_has_no_arrival_bound(tmp_path, capsys):

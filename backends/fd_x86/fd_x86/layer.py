@@ -9,7 +9,8 @@ separate ops: the norms, the packed quantized linears, the fused QKV /
 rotary / cache store and the paged decode attention.
 
 It answers decode-only steps whose layers' four linear weights are each
-quantized with wint8, wint4, w8a8 or block_wise_fp8 (AVX-512: ``fd_x86.fp8``'s
+quantized with wint8, wint4, w8a8, w4a8 (VNNI: the int4 words with per-token int8
+activations, as ``fd_x86.linear.w4a8_linear``) or block_wise_fp8 (AVX-512: ``fd_x86.fp8``'s
 kernels, the weight read in place), or unquantized bf16 / fp16 (``--dtype
 bfloat16|float16``: ``fd_x86.dense16``'s kernel, in place), on fp32 CPU activations (norm weights
 may be bf16/fp16 under ``--dtype``: upcast once, cached with the run), over

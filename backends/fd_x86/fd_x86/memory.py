@@ -109,21 +109,22 @@ def _libc() -> Any:
     return libc
 
 
-def advise_huge_pages(tensor: Any) -> int:
+def advise_huge_pages(tensor: Any) -> tuple[int, bool]:
     """Advise the whole 2 MiB pages inside a CPU tensor's memory ``MADV_HUGEPAGE``
-    and collapse them (``MADV_COLLAPSE``); returns the bytes advised (0: off,
-    too small, or refused by the kernel: the memory stays as it was, only its
-    page size can change, never its contents). Once per range and process."""
+    and collapse them (``MADV_COLLAPSE``); returns (the bytes advised, whether the
+    collapse succeeded). (0, False): off, too small, already advised in this
+    process, or refused by the kernel. The memory stays as it was: only its page
+    size can change, never its contents. A collapse the kernel refuses (before
+    Linux 6.1, or memory too fragmented) leaves the advice to khugepaged."""
     if not enabled() or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return 0
+        return 0, False
     begin = int(tensor.data_ptr())
     end = begin + int(tensor.numel()) * int(tensor.element_size())
     start, stop = -(-begin // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
     if stop <= start or (start, stop) in _ADVISED:
-        return 0
+        return 0, False
     _ADVISED.add((start, stop))
     libc = _libc()
     if libc.madvise(ctypes.c_void_p(start), stop - start, _MADV_HUGEPAGE) != 0:
-        return 0
-    libc.madvise(ctypes.c_void_p(start), stop - start, _MADV_COLLAPSE)  # best effort: EINVAL on old kernels
-    return stop - start
+        return 0, False
+    return stop - start, libc.madvise(ctypes.c_void_p(start), stop - start, _MADV_COLLAPSE) == 0

@@ -296,22 +296,25 @@ def _anon_huge_kb(start: int, stop: int) -> int:
 
 def test_advise_huge_pages_keeps_a_paddle_tensor_and_advises_its_whole_pages(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FD_X86_HUGEPAGES", "1")
+    monkeypatch.setattr(memory, "_ADVISED", set())
     values = np.random.default_rng(0).integers(-128, 127, size=(5 * HUGE_PAGE + 12345,), dtype=np.int8)
     t = paddle.to_tensor(values)
     begin = t.data_ptr()
     start, stop = -(-begin // HUGE_PAGE) * HUGE_PAGE, (begin + values.size) // HUGE_PAGE * HUGE_PAGE
-    advised = memory.advise_huge_pages(t)
-    assert advised in (0, stop - start)  # 0 only where this kernel has no THP
+    advised, collapsed = memory.advise_huge_pages(t)
+    thp_path = "/sys/kernel/mm/transparent_hugepage/enabled"
+    thp = open(thp_path).read() if memory.os.path.exists(thp_path) else "[never]"
+    if "[never]" not in thp:
+        assert advised == stop - start  # every whole 2 MiB page inside the tensor, nothing outside
     np.testing.assert_array_equal(t.numpy(), values)  # only the page size may change, never the contents
-    assert memory.advise_huge_pages(t) == 0  # once per range
-    thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read() if \
-        memory.os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled") else ""
-    if advised and "[never]" not in thp:
-        assert _anon_huge_kb(start, stop) > 0, "MADV_COLLAPSE left no huge page in the advised range"
+    assert memory.advise_huge_pages(t) == (0, False)  # once per range
+    if collapsed:
+        assert _anon_huge_kb(start, stop) > 0, "MADV_COLLAPSE succeeded but left no huge page in the range"
 
 
 def test_advise_huge_pages_is_off_with_the_arena_and_for_small_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "_ADVISED", set())
     monkeypatch.setenv("FD_X86_HUGEPAGES", "0")
-    assert memory.advise_huge_pages(paddle.zeros([4 * HUGE_PAGE], dtype="int8")) == 0
+    assert memory.advise_huge_pages(paddle.zeros([4 * HUGE_PAGE], dtype="int8")) == (0, False)
     monkeypatch.setenv("FD_X86_HUGEPAGES", "1")
-    assert memory.advise_huge_pages(paddle.zeros([1000], dtype="float32")) == 0  # no whole 2 MiB page inside
+    assert memory.advise_huge_pages(paddle.zeros([1000], dtype="float32")) == (0, False)  # no whole 2 MiB page

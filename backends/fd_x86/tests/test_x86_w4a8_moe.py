@@ -231,3 +231,40 @@ def test_tiny_moe_checkpoint_greedy_tokens_equal_the_reference(tmp_path: Any, mo
     # per-token int8 codes may move a step where the fp32 order differs (here ~5e-3 with the
     # experts on the reference too, FD_X86_MOE_NATIVE=0)
     assert worst < 2e-2, worst
+
+
+def _method_weight(rng: np.random.Generator, method: str, d_in: int, d_out: int, experts: int = 0) -> QuantizedWeight:
+    parts = [quantize_array(method, rng.standard_normal((d_in, d_out)).astype(np.float32) * 0.05, 128)
+             for _ in range(max(1, experts))]
+    q = np.stack([p[0] for p in parts]) if experts else parts[0][0]
+    s = np.stack([p[1] for p in parts]) if experts else parts[0][1]
+    return QuantizedWeight(method, paddle.to_tensor(q), paddle.to_tensor(np.ascontiguousarray(s)), d_in, d_out,
+                           parts[0][2])
+
+
+# FastDeploy's W4A8 split (mix_quant: dense wint8, experts w4a8) gives routed w4a8 with a wint8 shared
+# expert; the reverse and the int4 pairs take the same op with one kernel per weight
+@pytest.mark.parametrize("routed,shared", [("w4a8", "wint8"), ("wint8", "w4a8"), ("w4a8", "wint4"),
+                                           ("wint4", "w4a8")])
+@pytest.mark.parametrize("tokens", [3, 20])  # the few-token region and the per-expert loop
+def test_mixed_routed_and_shared_methods(routed: str, shared: str, tokens: int) -> None:
+    from fd_core.backends import get_backend
+    from fd_core.ops.activation import reference_silu_and_mul
+    from fd_core.quantization.reference import quantized_moe_experts
+
+    experts, d, inter, inter_shared = 8, 256, 256, 384
+    rng = np.random.default_rng(1)
+    quant = (_method_weight(rng, routed, d, 2 * inter, experts), _method_weight(rng, routed, inter, d, experts))
+    up, down = _method_weight(rng, shared, d, 2 * inter_shared), _method_weight(rng, shared, inter_shared, d)
+    x = paddle.to_tensor(rng.standard_normal((tokens, d)).astype(np.float32))
+    ids = paddle.to_tensor(np.stack([rng.permutation(experts)[:2] for _ in range(tokens)]).astype(np.int64))
+    tw = paddle.to_tensor(rng.random((tokens, 2)).astype(np.float32))
+    got = fd_x86.moe.moe_layer_experts(x, tw, ids, quant, up, down)
+    assert got is not None, f"routed {routed} with a {shared} shared expert was not answered natively"
+    ref = get_backend("cpu").ops
+    want = (quantized_moe_experts(x, tw, ids, quant)
+            + ref.linear(reference_silu_and_mul(ref.linear(x, None, None, up)), None, None, down)).numpy()
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    alone = [fd_x86.moe.moe_layer_experts(x[t:t + 1], tw[t:t + 1], ids[t:t + 1], quant, up, down).numpy()[0]
+             for t in range(tokens)]
+    np.testing.assert_array_equal(np.stack(alone), got.numpy())  # a token's bits do not depend on its batch

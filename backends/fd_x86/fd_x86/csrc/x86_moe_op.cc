@@ -112,7 +112,7 @@ struct Stacked {
     PD_CHECK(qweight.shape()[dims - 1] == row_bytes, op, ": ", name, " qweight has ", qweight.shape()[dims - 1],
              " bytes per row (N = ", N, "), expected ", row_bytes, " for K = ", K);
     if (int4) {
-      PD_CHECK(K % 2 == 0, op, ": wint4 needs an even K, got ", K);
+      PD_CHECK(K % 2 == 0, op, ": ", name, " int4 codes (wint4 / w4a8) need an even K, got ", K);
       group_size = group <= 0 ? K : group;
       PD_CHECK(group_size % 2 == 0, op, ": ", name, " group_size must be even, got ", group);
       groups = (K + group_size - 1) / group_size;
@@ -340,6 +340,11 @@ paddle::Tensor fdx86::moe_forward(const paddle::Tensor& x, const int64_t* ids, c
            ": x must be contiguous float32 [T, D] on the CPU");
   const int64_t T = x.shape()[0], D = x.shape()[1];
   const bool avx512 = moe_use_avx512(isa);
+  // checked here, not only in the kernels' callers: the few-token path runs them inside an OpenMP
+  // region, which an exception cannot leave (the process would abort instead of raising)
+  PD_CHECK(!(method == kW4a8 || (shared != nullptr && shared->method == kW4a8) || moe_offline_method(method)) ||
+               cpu_has_avx512_vnni(),
+           op, ": the w4a8 / w4a8_static / wint2 expert kernels need AVX-512 VNNI, which this CPU lacks");
   const Stacked up("up_gate", up_qweight, up_scales, method, D, up_group);
   PD_CHECK(up.N % 2 == 0, op, ": up_gate has an odd number of outputs (", up.N, "), expected 2 * I");
   const int64_t I = up.N / 2;
