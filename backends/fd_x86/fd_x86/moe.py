@@ -211,8 +211,9 @@ def _layer_entry(up_q: Any, objs: tuple[Any, ...], quant: Any, shared_up_gate: A
         shared_tensors = ([shared_up_gate.qweight, shared_up_gate.scales, shared_down.qweight, shared_down.scales]
                           if has_shared else [gate] * 4)  # unread without a shared expert
         tensors = [gate, bias, up_q.qweight, up_q.scales, down_q.qweight, down_q.scales, *shared_tensors]
-        for weight in (up_q.qweight, down_q.qweight):  # the experts stream from memory: read via 2 MiB pages
-            advise_huge_pages(weight)
+        if os.environ.get("FD_X86_EXPERT_HUGEPAGES") != "0":  # =0: 4 KiB pages (A/B comparisons)
+            for weight in (up_q.qweight, down_q.qweight):  # the experts stream from memory: 2 MiB pages
+                advise_huge_pages(weight)
         attrs = (_METHOD_CODE[up_q.method], _group(up_q), _group(down_q), has_shared,
                  _METHOD_CODE[shared_up_gate.method] if has_shared else 0,
                  _group(shared_up_gate) if has_shared else -1, _group(shared_down) if has_shared else -1, 0)
