@@ -61,7 +61,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, nargs="+", default=None, help="decode batch sizes (default 1 8 32)")
     p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens before the decode steps")
     p.add_argument("--prefill-len", type=int, default=512, help="tokens of the one prompt timed for prefill")
-    p.add_argument("--steps", type=int, default=8, help="fd-core decode steps timed per batch and round")
+    # 32: a mid-size MoE step is ~1.5 ms, and 8 of them proved too short to time on a shared VM
+    p.add_argument("--steps", type=int, default=32, help="fd-core decode steps timed per batch and round")
     p.add_argument("--decode-tokens", type=int, default=32, help="llama-batched-bench decode tokens (-ntg)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2; --quick: 1)")
     p.add_argument("--threads", type=int, default=2, help="threads on both sides (FD_CPU_NUM_THREADS / -t)")
