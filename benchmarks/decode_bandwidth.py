@@ -62,8 +62,8 @@ from fd_core.quantization.weights import resident_bytes  # noqa: E402
 from fd_core.testing.checkpoints import generate_checkpoint  # noqa: E402
 
 CHECKPOINT = ROOT / "checkpoints" / "ernie-4.5-0.3b-paddle"
-CONFIGS = ("fp32", "bf16", "wint8", "int4", "w8a8")
-_METHOD = {"wint8": "wint8", "int4": "wint4", "w8a8": "w8a8"}
+CONFIGS = ("fp32", "bf16", "wint8", "int4", "w8a8", "w4a8")
+_METHOD = {"wint8": "wint8", "int4": "wint4", "w8a8": "w8a8", "w4a8": "w4a8"}
 
 
 def quantization(config: str, lm_head: str, group_size: int) -> dict[str, Any] | None:
@@ -77,7 +77,7 @@ def quantization(config: str, lm_head: str, group_size: int) -> dict[str, Any] |
     if lm_head == "same":
         spec["lm_head_quant_type"] = method
     elif lm_head == "int8":
-        spec["lm_head_quant_type"] = "w8a8" if method == "w8a8" else "wint8"
+        spec["lm_head_quant_type"] = "w8a8" if method in ("w8a8", "w4a8") else "wint8"
     return spec
 
 
@@ -98,7 +98,7 @@ def kernel_seconds(model: Any, repeats: int = 5) -> list[tuple[str, float, int, 
     The step without the engine, the attention or the Python between ops (each call
     still pays ``quantized_linear``'s dispatch: ``call_overhead``). [] without them."""
     import paddle
-    from fd_x86.linear import quantized_linear
+    from fd_x86.linear import quantized_linear, w4a8_linear
 
     from fd_core.ops.linear import QuantizedWeight
 
@@ -113,7 +113,10 @@ def kernel_seconds(model: Any, repeats: int = 5) -> list[tuple[str, float, int, 
         for label, qs in groups.items():
             begin = time.perf_counter()
             for q in qs:
-                quantized_linear(xs[q.in_features], q)
+                if q.method == "w4a8":
+                    w4a8_linear(xs[q.in_features], q)
+                else:
+                    quantized_linear(xs[q.in_features], q)
             times[label].append(time.perf_counter() - begin)
     return [(label, statistics.median(times[label][1:]), sum(resident_bytes(q) for q in qs), len(qs))
             for label, qs in groups.items()]
