@@ -151,13 +151,19 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--backend", default="x86")
     parser.add_argument("--cprofile", action="store_true", help="one round under cProfile, top functions")
+    parser.add_argument("--quantization", default=None,
+                        help="the engine's quantization (a method name or a JSON object); default per shape: "
+                        + ", ".join(f"{n} {v[4]['quantization']}" for n, v in sorted(SHAPES.items())))
     args = parser.parse_args()
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
     print(f"CPU: {model}")
     max_len = args.prompt_len + args.steps + 64
     for name in args.shapes:
-        row = fdc.load(name, checkpoint(name), args.backend, dict(SHAPES[name][4]), max(args.batch), max_len)
+        kwargs = dict(SHAPES[name][4])
+        if args.quantization is not None:
+            kwargs["quantization"] = args.quantization
+        row = fdc.load(name, checkpoint(name), args.backend, kwargs, max(args.batch), max_len)
         for batch in args.batch:
             if args.cprofile:
                 profile = cProfile.Profile()
@@ -175,7 +181,7 @@ def main() -> None:
                     parts[part].append(seconds)
             ms = 1e3 / args.steps
             step = statistics.median(plain) * ms
-            print(f"\n{name} {SHAPES[name][4]['quantization']} B={batch}: {batch * 1e3 / step:.1f} tok/s, "
+            print(f"\n{name} {kwargs['quantization']} B={batch}: {batch * 1e3 / step:.1f} tok/s, "
                   f"{step:.3f} ms/step (median of {args.rounds} rounds of {args.steps} steps; "
                   f"fastest round {min(plain) * ms:.3f} ms)")
             forward = statistics.median(parts["forward"]) * ms

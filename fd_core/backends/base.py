@@ -85,6 +85,14 @@ class Ops:
             resolve(pm.subset_hook_caller("fd_decoder_layers", remove_plugins=older)) if older
             else self._fd_decoder_layers)
         self._fuses_attention_only = fuse_layers and len(older) < len(hooks.fd_decoder_layers.get_hookimpls())
+        # runs whose layers carry their MoE block (DecoderLayerWeights.moe) go only to plugins that
+        # declare FD_DECODER_LAYERS_MOE = True; for the rest the run is split at its MoE layers
+        no_moe = [impl.plugin for impl in hooks.fd_decoder_layers.get_hookimpls()
+                  if not getattr(impl.plugin, "FD_DECODER_LAYERS_MOE", False)]
+        self._fuses_moe = fuse_layers and len(no_moe) < len(hooks.fd_decoder_layers.get_hookimpls())
+        self._fd_decoder_layers_moe = (
+            resolve(pm.subset_hook_caller("fd_decoder_layers", remove_plugins=no_moe)) if self._fuses_moe
+            else None)
 
     def implementers(self, op: str) -> list[str]:
         """The plugins that may answer ``op`` (e.g. ``"linear"``), in the
@@ -163,9 +171,21 @@ class Ops:
         self, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
         k_caches: list[KVPool], v_caches: list[KVPool],
     ) -> tuple[Tensor, Tensor]:
-        """A run of dense decoder layers (the last may be attention only)
-        -> ``(hidden, residual)``: the backend's fused kernel when it answers,
-        else the unfused hooks layer by layer (see the hookspec)."""
+        """A run of dense decoder layers (the last may be attention only; any
+        may carry its MoE block) -> ``(hidden, residual)``: the backend's fused
+        kernel when it answers, else the unfused hooks layer by layer (see the
+        hookspec). A run with MoE layers that no plugin fuses whole is split at
+        them: each piece ends with a MoE layer's attention half, then
+        ``moe_layer`` (``fd_core.ops.decoder``)."""
+        if any(getattr(layer, "moe", None) is not None for layer in layers):
+            if self._fd_decoder_layers_moe is not None:
+                fused = self._fd_decoder_layers_moe(
+                    layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
+                    k_caches=k_caches, v_caches=v_caches,
+                )
+                if fused is not None:
+                    return fused  # type: ignore[no-any-return]
+            return self._split_moe_run(layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
         attention_only = bool(layers) and getattr(layers[-1], "attention_only", False)
         if self._fuses_attention_only if attention_only else self._fuses_layers:
             call = self._fd_decoder_layers_attention_only if attention_only else self._fd_decoder_layers
@@ -178,6 +198,29 @@ class Ops:
         from fd_core.ops.decoder import compose_decoder_layers
 
         return compose_decoder_layers(self, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
+
+    def _split_moe_run(
+        self, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
+        k_caches: list[KVPool], v_caches: list[KVPool],
+    ) -> tuple[Tensor, Tensor]:
+        """The run as pieces that end with each MoE layer's attention half, its MoE block after each."""
+        if not (len(layers) == len(k_caches) == len(v_caches)):
+            raise ValueError(f"decoder_layers: {len(layers)} layers with {len(k_caches)} k and {len(v_caches)} v "
+                             "caches; expected one of each per layer")
+        start = 0
+        for i, layer in enumerate(layers):
+            if layer.moe is None:
+                continue
+            piece = [*layers[start:i], layer.attention_half()]
+            x, residual = self.decoder_layers(piece, hidden, residual, cos_sin, metadata, k_caches[start:i + 1],
+                                              v_caches[start:i + 1])
+            hidden = layer.moe.run(self, x)
+            start = i + 1
+        if start == len(layers):
+            assert residual is not None  # a MoE layer ran: the stream has begun
+            return hidden, residual
+        return self.decoder_layers(layers[start:], hidden, residual, cos_sin, metadata, k_caches[start:],
+                                   v_caches[start:])
 
     def allocate_kv_cache(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str,

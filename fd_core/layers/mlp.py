@@ -10,6 +10,7 @@ from fd_core.ops.linear import QuantizedWeight
 
 if TYPE_CHECKING:
     from fd_core.backends.base import Ops
+    from fd_core.ops.decoder import MoELayerWeights
 
 __all__ = ["GatedMLP", "MoE"]
 
@@ -53,15 +54,28 @@ class MoE:
         up_gate, down = self.up_gate_proj.data, self.down_proj.data
         return (up_gate, down) if isinstance(up_gate, QuantizedWeight) else None
 
-    def __call__(self, x: Any) -> Any:
-        # router, routing, routed and shared experts: one backend call where it has one
-        # (Ops.moe_layer composes the per-op hooks otherwise, the same numerics)
+    def layer_weights(self) -> MoELayerWeights | None:
+        """The block as ``Ops.moe_layer`` (and a fused decoder-layer run) takes
+        it, or None where a subclass runs its own ``__call__`` (expert or
+        tensor parallelism), which a fused run must not bypass."""
+        if type(self).__call__ is not MoE.__call__:
+            return None
+        return self._weights()
+
+    def _weights(self) -> MoELayerWeights:
+        from fd_core.ops.decoder import MoELayerWeights  # paddle, so not at import
+
         bias = self.correction_bias.data if self.correction_bias is not None else None
         quant = self.expert_quant
         up_gate, down = (None, None) if quant is not None else (self.up_gate_proj.data, self.down_proj.data)
         shared = self.shared_experts
-        return self.ops.moe_layer(
-            x, self.gate.data, bias, self.top_k, True, self.norm_min, up_gate, down, quant,
+        return MoELayerWeights(
+            self.gate.data, bias, self.top_k, True, self.norm_min, up_gate, down, quant,
             shared.up_gate_proj.weight.data if shared is not None else None,
             shared.down_proj.weight.data if shared is not None else None,
         )
+
+    def __call__(self, x: Any) -> Any:
+        # router, routing, routed and shared experts: one backend call where it has one
+        # (Ops.moe_layer composes the per-op hooks otherwise, the same numerics)
+        return self._weights().run(self.ops, x)

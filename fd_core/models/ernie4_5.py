@@ -49,36 +49,47 @@ class DecoderLayer:
         else:
             self.mlp = GatedMLP(ops, c.hidden_size, c.intermediate_size)
         self.ops = ops
-        # a dense layer runs as Ops.decoder_layers, a MoE layer as Ops.decoder_layers over its
-        # attention half then its MoE op (off: the blocks one by one, as tensor parallelism needs)
+        # a layer runs as part of an Ops.decoder_layers run: a dense layer whole, a MoE layer
+        # with its MoE block (DecoderLayerWeights.moe) or, where its MoE runs its own __call__
+        # (expert parallelism), as its attention half, the MoE after the run (off: the blocks
+        # one by one, as tensor parallelism needs)
         self.fused = True
 
     def weights(self) -> DecoderLayerWeights:
-        """The layer as ``fd_decoder_layers`` takes it: a MoE layer attention
-        only (built per call: a backend keys what it derives by the weights'
-        content, not by this object)."""
+        """The layer as ``fd_decoder_layers`` takes it: a MoE layer with its
+        MoE block, or attention only when the block cannot join a run (built
+        per call: a backend keys what it derives by the weights' content, not
+        by this object)."""
         attn, mlp = self.self_attn, self.mlp
         up_gate = down = None
+        moe = None
         if isinstance(mlp, GatedMLP):
             up_gate, down = mlp.up_gate_proj.weight.data, mlp.down_proj.weight.data
+        else:
+            moe = mlp.layer_weights()
         return DecoderLayerWeights(
             self.input_layernorm.weight.data, self.post_attention_layernorm.weight.data, self.input_layernorm.eps,
             attn.qkv_proj.weight.data, attn.o_proj.weight.data, up_gate, down, attn.num_heads, attn.num_kv_heads,
-            attn.head_dim, attn.scale, attn.interleaved_rope, kv_scales=attn.kv_scales,
+            attn.head_dim, attn.scale, attn.interleaved_rope, kv_scales=attn.kv_scales, moe=moe,
         )
 
     @property
     def is_dense(self) -> bool:
         return isinstance(self.mlp, GatedMLP)
 
+    @property
+    def runs_whole(self) -> bool:
+        """A fused run computes this layer whole: dense, or its MoE block joins the run."""
+        return self.is_dense or (isinstance(self.mlp, MoE) and type(self.mlp).__call__ is MoE.__call__)
+
     def __call__(self, h: Any, residual: Any | None, cos_sin: Any, meta: Any, cache: KVCache) -> tuple[Any, Any]:
         """``(hidden, residual)`` in and out (``residual`` None in the first
         layer). The model runs its layers in runs (``_plan_runs``); this is one
-        layer alone: fused, one ``Ops.decoder_layers`` call (a MoE layer's
-        attention half, then its MoE op); unfused, block by block."""
+        layer alone: fused, one ``Ops.decoder_layers`` call (with its MoE
+        block, or its attention half and then the MoE); unfused, block by block."""
         if self.fused:
             h, residual = self.ops.decoder_layers([self.weights()], h, residual, cos_sin, meta, [cache.k], [cache.v])
-            return (h if self.is_dense else self.mlp(h)), residual
+            return (h if self.runs_whole else self.mlp(h)), residual
         if residual is None:
             x, residual = self.input_layernorm(h), h
         else:
@@ -134,14 +145,15 @@ class Ernie4_5ForCausalLM:
 
     def _plan_runs(self) -> list[tuple[int, int]]:
         """``[start, end)`` layer spans, each one ``Ops.decoder_layers`` call
-        (one fused op where the backend has it): consecutive fused dense
-        layers, and the attention half of a fused MoE layer after them (its
-        MoE op follows the call); an unfused layer alone (its ``__call__``).
+        (one fused op where the backend has it): consecutive fused layers that
+        run whole (dense, or MoE with the block in the run: a MoE model's whole
+        stack), and the attention half of a MoE layer whose block runs its own
+        ``__call__`` after them (it follows the call); an unfused layer alone.
         Call again after changing a layer's ``fused``."""
         runs: list[tuple[int, int]] = []
         for i, layer in enumerate(self.layers):
             previous = self.layers[i - 1] if i else None
-            if runs and layer.fused and previous is not None and previous.fused and previous.is_dense:
+            if runs and layer.fused and previous is not None and previous.fused and previous.runs_whole:
                 runs[-1] = (runs[-1][0], i + 1)
             else:
                 runs.append((i, i + 1))
@@ -164,7 +176,7 @@ class Ernie4_5ForCausalLM:
                 [self.layers[i].weights() for i in run], h, residual, self.cos_sin, meta,
                 [caches[i].k for i in run], [caches[i].v for i in run],
             )
-            if not self.layers[end - 1].is_dense:
+            if not self.layers[end - 1].runs_whole:
                 h = self.layers[end - 1].mlp(h)  # the run ended with its attention half
         h, _ = self.norm(h, residual)
         if self.keep_hidden:

@@ -20,6 +20,15 @@ attention block's add (``o_proj out + residual in``) and ``x`` is that
 stream RMS-normed with ``post_norm``: the input the MLP takes. The model
 then continues with ``(mlp(x), residual)``, as after any layer.
 
+A MoE layer may instead carry its MoE block (``moe``: a ``MoELayerWeights``,
+``fd_moe_layer``'s arguments), with ``up_gate`` and ``down`` None: the layer
+then runs whole (attention, the post-attention norm, the MoE block on the
+normed stream) and may sit anywhere in a run, so a MoE model's whole layer
+stack is one run. Only plugins that declare ``FD_DECODER_LAYERS_MOE = True``
+are asked for such runs; for the rest ``Ops.decoder_layers`` splits the run
+at each MoE layer into the runs above (its attention half last) and calls
+``Ops.moe_layer`` between them, the same numerics.
+
 ``compose_decoder_layer`` runs it through the separate kernel hooks, and
 ``compose_decoder_layers`` a run of such layers: the numerics of the
 optional fused hook ``fd_decoder_layers``, and what ``Ops`` runs when no
@@ -40,7 +49,7 @@ it keys that data by content (``DecoderLayerWeights.key``,
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
@@ -57,10 +66,41 @@ from fd_core.ops.linear import QuantizedWeight
 if TYPE_CHECKING:
     from fd_core.backends.base import Ops
 
-__all__ = ["DecoderLayerWeights", "apply_linear", "compose_decoder_layer", "compose_decoder_layers",
+__all__ = ["DecoderLayerWeights", "MoELayerWeights", "apply_linear", "compose_decoder_layer", "compose_decoder_layers",
            "self_attention"]
 
 paddle = import_paddle()
+
+
+@dataclass(eq=False)
+class MoELayerWeights:
+    """A MoE block after its norm as ``fd_moe_layer`` takes it (router, routing,
+    routed experts, shared expert): see ``Ops.moe_layer``."""
+
+    gate: Any  # [D, E] fp32 router
+    correction_bias: Any | None  # [E] fp32 (selection only) or None
+    top_k: int
+    renormalize: bool
+    norm_min: float
+    up_gate_weights: Any | None  # [E, D, 2I] when unquantized, else None (``quant``)
+    down_weights: Any | None  # [E, I, D] when unquantized, else None
+    quant: Any  # (up_gate, down) stacked QuantizedWeight, or None
+    shared_up_gate: Any = None  # the shared expert's [D, 2Is] weight / QuantizedWeight, or None
+    shared_down: Any = None
+
+    def key(self) -> Hashable:
+        """The block's content key (``fd_core.ops.content_key``)."""
+        quant = self.quant if self.quant is not None else (None, None)
+        return (self.top_k, self.renormalize, self.norm_min, tensor_key(self.gate),
+                None if self.correction_bias is None else tensor_key(self.correction_bias),
+                *(weight_key(w) for w in (self.up_gate_weights, self.down_weights, *quant, self.shared_up_gate,
+                                          self.shared_down)))
+
+    def run(self, ops: Ops, x: Any) -> Any:
+        """``Ops.moe_layer`` on ``x``."""
+        return ops.moe_layer(x, self.gate, self.correction_bias, self.top_k, self.renormalize, self.norm_min,
+                             self.up_gate_weights, self.down_weights, self.quant, self.shared_up_gate,
+                             self.shared_down)
 
 
 @dataclass(eq=False)
@@ -86,6 +126,7 @@ class DecoderLayerWeights:
     qkv_bias: Any | None = None  # [(H + 2 Hkv) Dh]
     o_bias: Any | None = None  # [D]
     kv_scales: StaticKVScales | None = None  # static per-channel KV scales (an int8_static pool)
+    moe: MoELayerWeights | None = None  # a whole MoE layer (up_gate / down None): its MoE block
 
     def key(self) -> Hashable:
         """The layer's content key: its shape and every weight's
@@ -95,17 +136,26 @@ class DecoderLayerWeights:
                 *(tensor_key(t) for t in (self.input_norm, self.post_norm, self.q_norm, self.k_norm,
                                           self.qkv_bias, self.o_bias)),
                 *((None,) if self.kv_scales is None else (tensor_key(self.kv_scales.k), tensor_key(self.kv_scales.v))),
-                *(weight_key(w) for w in (self.qkv, self.o, self.up_gate, self.down)))
+                *(weight_key(w) for w in (self.qkv, self.o, self.up_gate, self.down)),
+                *(() if self.moe is None else (self.moe.key(),)))
 
     @property
     def attention_only(self) -> bool:
-        """No MLP (``up_gate`` and ``down`` None): the run stops after the
-        post-attention norm. One of the two None is an error."""
+        """No MLP (``up_gate`` and ``down`` None, no ``moe``): the run stops
+        after the post-attention norm. One of the two None, or a ``moe`` beside
+        them, is an error."""
         if (self.up_gate is None) != (self.down is None):
             raise ValueError("DecoderLayerWeights: up_gate and down must both be set (a dense layer) or both "
                              f"None (attention only); got up_gate {'None' if self.up_gate is None else 'set'}, "
                              f"down {'None' if self.down is None else 'set'}")
-        return self.up_gate is None
+        if self.moe is not None and self.up_gate is not None:
+            raise ValueError("DecoderLayerWeights: a MoE layer (moe set) has no up_gate / down; got both")
+        return self.up_gate is None and self.moe is None
+
+    def attention_half(self) -> DecoderLayerWeights:
+        """This layer without its MoE block: attention only (a dense or
+        attention-only layer: itself)."""
+        return self if self.moe is None else replace(self, moe=None)
 
     @property
     def plain(self) -> bool:
@@ -203,7 +253,8 @@ def compose_decoder_layer(
     ``hidden``; the layer's own residual add is left to the next norm, so
     the stream is ``hidden + residual`` when read. An attention-only layer
     returns ``(x, residual)``: the post-attention-normed stream and the
-    stream itself (see the module doc)."""
+    stream itself (see the module doc); a MoE layer (``moe``) runs its MoE
+    block on the normed stream."""
     if residual is None:
         x, residual = ops.rms_norm(hidden, layer.input_norm, layer.eps), hidden
     else:
@@ -213,6 +264,8 @@ def compose_decoder_layer(
                        k_norm=layer.k_norm, eps=layer.eps, qkv_bias=layer.qkv_bias, o_bias=layer.o_bias,
                        kv_scales=layer.kv_scales)
     x, residual = ops.rms_norm(h, layer.post_norm, layer.eps, residual)
+    if layer.moe is not None:
+        return layer.moe.run(ops, x), residual
     if layer.attention_only:
         return x, residual
     h = apply_linear(ops, ops.silu_and_mul(apply_linear(ops, x, layer.up_gate)), layer.down)

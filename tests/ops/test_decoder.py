@@ -14,8 +14,14 @@ import pytest
 
 from fd_core.backends import cpu
 from fd_core.backends.base import Ops
+from fd_core.layers.mlp import MoE
 from fd_core.ops.attention import AttentionMetadata
-from fd_core.ops.decoder import DecoderLayerWeights, compose_decoder_layer, compose_decoder_layers
+from fd_core.ops.decoder import (
+    DecoderLayerWeights,
+    MoELayerWeights,
+    compose_decoder_layer,
+    compose_decoder_layers,
+)
 from fd_core.ops.rope import rope_cos_sin
 from fd_core.plugins import hookimpl
 from fd_core.plugins.manager import make_plugin_manager
@@ -138,8 +144,101 @@ def test_the_model_runs_consecutive_dense_layers_together() -> None:
     model = Ernie4_5ForCausalLM(config_from_dict(raw), ops, 64)
     kinds = [layer.is_dense for layer in model.layers]
     assert kinds == [True, True, False, False, False, False, True, True]
-    # a MoE layer's attention half joins the dense run before it
-    assert model._runs == [(0, 3), (3, 4), (4, 5), (5, 6), (6, 8)]
+    # the MoE layers carry their MoE block: the whole stack is one run
+    assert model._runs == [(0, 8)]
+    assert all(layer.weights().moe is not None for layer in model.layers[2:6])
+    # a MoE block that runs its own __call__ (expert parallelism) cannot join a run: its layer's
+    # attention half ends one, the block runs after it
+    for layer in model.layers[3:5]:
+        layer.mlp.__class__ = _OwnCallMoE
+    model._runs = model._plan_runs()
+    assert model._runs == [(0, 4), (4, 5), (5, 8)]
+    assert model.layers[3].weights().moe is None and model.layers[3].weights().attention_only
+
+
+class _OwnCallMoE(MoE):
+    def __call__(self, x):  # noqa: ANN001, ANN204
+        raise AssertionError("not called here")
+
+
+def _moe(rng: np.random.Generator, shared: bool = True) -> MoELayerWeights:
+    def t(*shape: int) -> paddle.Tensor:
+        return paddle.to_tensor(rng.normal(0, shape[-2] ** -0.5, shape).astype(np.float32))
+
+    experts = 4
+    return MoELayerWeights(t(D, experts), paddle.to_tensor(rng.normal(0, 0.1, experts).astype(np.float32)), 2,
+                           True, 1e-12, t(experts, D, 2 * INTER), t(experts, INTER, D), None,
+                           t(D, 2 * INTER) if shared else None, t(INTER, D) if shared else None)
+
+
+class _FusedMoE(_Fused):
+    FD_DECODER_LAYERS_ATTENTION_ONLY = True
+    FD_DECODER_LAYERS_MOE = True
+
+
+def test_a_moe_layer_in_a_run_equals_its_attention_half_then_its_moe_block() -> None:
+    rng = np.random.default_rng(5)
+    layers = [_layer(rng), replace(_layer(rng), up_gate=None, down=None, moe=_moe(rng)), _layer(rng),
+              replace(_layer(rng), up_gate=None, down=None, moe=_moe(rng, shared=False))]
+    assert not any(layer.attention_only for layer in layers)
+    assert layers[1].attention_half().attention_only and layers[1].attention_half().moe is None
+    assert layers[1].key() != layers[1].attention_half().key()
+    hidden, cos_sin, meta, _, _ = _step(rng)
+    ops = Ops(make_plugin_manager(cpu), "cpu")
+    caches = [paddle.zeros([32, HKV, DH]) for _ in range(8)]
+    got = ops.decoder_layers(layers, hidden, None, cos_sin, meta, caches[0:4], caches[4:8])
+    mine = [paddle.zeros([32, HKV, DH]) for _ in range(8)]
+    h, r = hidden, None
+    for i, layer in enumerate(layers):
+        h, r = compose_decoder_layer(ops, layer.attention_half(), h, r, cos_sin, meta, mine[i], mine[4 + i])
+        if layer.moe is not None:
+            m = layer.moe
+            h = ops.moe_layer(h, m.gate, m.correction_bias, m.top_k, m.renormalize, m.norm_min, m.up_gate_weights,
+                              m.down_weights, m.quant, m.shared_up_gate, m.shared_down)
+    for g, w in zip(got, (h, r)):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+    for c, m in zip(caches, mine):
+        np.testing.assert_array_equal(c.numpy(), m.numpy())
+    # the reference composition takes the MoE layers too
+    again = [paddle.zeros([32, HKV, DH]) for _ in range(8)]
+    for g, w in zip(compose_decoder_layers(ops, layers, hidden, None, cos_sin, meta, again[0:4], again[4:8]),
+                    (h, r)):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())
+    with pytest.raises(ValueError, match="a MoE layer"):
+        _ = replace(layers[0], moe=layers[1].moe).attention_only
+
+
+def test_moe_runs_go_whole_only_to_plugins_that_declare_them() -> None:
+    """A run with MoE layers reaches a fused kernel whole only when its plugin declares
+    FD_DECODER_LAYERS_MOE; to the rest it is split at the MoE layers (each piece ends with the
+    layer's attention half), the blocks run by Ops.moe_layer between the pieces."""
+    rng = np.random.default_rng(6)
+    layers = [_layer(rng), replace(_layer(rng), up_gate=None, down=None, moe=_moe(rng)), _layer(rng)]
+    hidden, cos_sin, meta, _, _ = _step(rng)
+    caches = [paddle.zeros([32, HKV, DH]) for _ in range(6)]
+    seen: list[list[DecoderLayerWeights]] = []
+
+    class _Pieces(_Fused):
+        FD_DECODER_LAYERS_ATTENTION_ONLY = True
+
+        @hookimpl
+        def fd_decoder_layers(self, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches):  # noqa: ANN001, ANN201
+            seen.append(layers)
+            return None
+
+    ops = Ops(make_plugin_manager(cpu, _Pieces(None)), "pieces")
+    ops.decoder_layers(layers, hidden, None, cos_sin, meta, caches[0:3], caches[3:6])
+    assert [len(piece) for piece in seen] == [2, 1]
+    assert seen[0][1].attention_only and all(layer.moe is None for piece in seen for layer in piece)
+    sentinel = (paddle.zeros([2, D]), paddle.ones([2, D]))
+    whole = _FusedMoE(sentinel)
+    ops = Ops(make_plugin_manager(cpu, whole), "whole")
+    assert ops.decoder_layers(layers, hidden, None, cos_sin, meta, caches[0:3], caches[3:6]) is sentinel
+    assert whole.calls == 1
+    declining = _FusedMoE(None)
+    ops = Ops(make_plugin_manager(cpu, declining), "declining")
+    ops.decoder_layers(layers, hidden, None, cos_sin, meta, caches[0:3], caches[3:6])
+    assert declining.calls == 3  # the whole run, then its two pieces
 
 
 class _FusedAttentionOnly(_Fused):

@@ -50,6 +50,7 @@ from fd_x86.cpu import choose_kernels
 FD_API_VERSION = API_VERSION
 # fd_decoder_layers takes (or declines) runs whose last layer is attention only (fd_core.backends.base.Ops)
 FD_DECODER_LAYERS_ATTENTION_ONLY = True
+FD_DECODER_LAYERS_MOE = True  # runs whose MoE layers carry their block (fd_x86.layer)
 
 logger = logging.getLogger(__name__)
 

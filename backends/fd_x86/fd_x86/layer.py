@@ -33,6 +33,16 @@ after its post-attention norm (``last_attention_only``), returning the
 MLP's input and the residual stream. ``FD_X86_FUSED_MOE_ATTENTION=0``
 declines such runs alone (A/B comparisons: the attention half then runs
 op by op, as before).
+
+A layer may carry its MoE block (``DecoderLayerWeights.moe``; the plugin
+declares ``FD_DECODER_LAYERS_MOE``): the op runs it after the layer's
+post-attention norm with ``fd_x86_moe_layer``'s code and tensors
+(``fd_x86.moe.layer_in_run``), so ERNIE's whole MoE stack is one call a
+decode step instead of two per MoE layer. A block ``fd_x86_moe_layer``
+would decline (unquantized or mixed-method experts, a float shared expert)
+declines the whole run, which ``Ops`` then splits at the MoE layers.
+``FD_X86_FUSED_MOE_RUN=0`` declines every run with a MoE block (A/B
+comparisons: the split runs, each MoE block its own call).
 """
 
 from __future__ import annotations
@@ -57,11 +67,14 @@ from fd_x86.linear import (
     _INT8_ACT_METHOD,
     _PACKED_METHOD,
     METHODS,
+    PREFILL_INT8_MIN_ROWS,
     WINT8_PACKED_MAX_ROWS,
     _packed,
     _use_packed,
+    prefill_int8_enabled,
     wint4_words,
 )
+from fd_x86.moe import layer_in_run
 
 __all__ = ["decoder_layers"]
 
@@ -108,6 +121,11 @@ def _attention_only_enabled() -> bool:
     return os.environ.get("FD_X86_FUSED_MOE_ATTENTION", "1") != "0"
 
 
+def _moe_run_enabled() -> bool:
+    """Read on each call, so a benchmark can compare both paths in one process."""
+    return os.environ.get("FD_X86_FUSED_MOE_RUN", "1") != "0"
+
+
 def _fits(layer: Any, cos_sin: Any, pools: tuple[Any, ...] | None) -> bool:
     """Whether the op takes this layer: no q/k norms or biases (the op has
     none), norms, rotary table and caches it reads (``pools``: the caches as
@@ -134,11 +152,11 @@ def _fp32(norm: Any) -> Any:
 
 
 def _packed_linears(layer: Any, contract: bool) -> tuple[list[Any], list[int], list[int], list[int]] | None:
-    """The four linears' (two in an attention-only layer) (weight, scales)
-    tensors, kernel codes, output widths and wint4 groups; None when one has
-    no kernel here."""
+    """The four linears' (two in an attention-only or MoE layer) (weight,
+    scales) tensors, kernel codes, output widths and wint4 groups; None when
+    one has no kernel here."""
     weights, methods, widths, groups = [], [], [], []
-    linears = (layer.qkv, layer.o) if layer.attention_only else (layer.qkv, layer.o, layer.up_gate, layer.down)
+    linears = (layer.qkv, layer.o) if layer.up_gate is None else (layer.qkv, layer.o, layer.up_gate, layer.down)
     for quant in linears:
         if not isinstance(quant, QuantizedWeight):
             # an unquantized 16-bit weight, read in place by fd_x86.dense16's kernel
@@ -224,7 +242,11 @@ def _same_shape(layers: list[Any]) -> bool:
     )
 
 
-Run = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any], list[int], list[int], list[int]]
+# norms, k / v caches and scales, weights, methods, widths, groups, then the layer kinds and the MoE
+# blocks' tensors, ints and norm_min (the op's)
+Run = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any], list[int], list[int], list[int],
+            list[int], list[Any], list[int], list[float]]
+DENSE_LAYER, ATTENTION_ONLY_LAYER, MOE_LAYER = 0, 1, 2  # the op's layer kinds
 
 
 def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], contract: bool) -> Run | None:
@@ -240,11 +262,25 @@ def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: l
     methods: list[int] = []
     widths: list[int] = []
     groups: list[int] = []
+    kinds: list[int] = []
+    moe_tensors: list[Any] = []
+    moe_ints: list[int] = []
+    moe_norm_min: list[float] = []
     for layer, k_cache, v_cache in zip(layers, k_caches, v_caches):
         pools = x86_ops._kv_parts(k_cache, v_cache)
         linears = _packed_linears(layer, contract) if _fits(layer, cos_sin, pools) else None
         if linears is None or pools is None:
             return None
+        if layer.moe is not None:
+            block = layer_in_run(layer.moe)
+            if block is None:
+                return None
+            moe_tensors += block[0]
+            moe_ints += block[1]
+            moe_norm_min.append(block[2])
+            kinds.append(MOE_LAYER)
+        else:
+            kinds.append(ATTENTION_ONLY_LAYER if layer.attention_only else DENSE_LAYER)
         norms += [_fp32(layer.input_norm), _fp32(layer.post_norm)]
         k_data.append(pools[0])
         v_data.append(pools[1])
@@ -255,7 +291,8 @@ def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: l
         methods += linears[1]
         widths += linears[2]
         groups += linears[3]
-    return norms, k_data, v_data, k_scales, v_scales, weights, methods, widths, groups
+    return (norms, k_data, v_data, k_scales, v_scales, weights, methods, widths, groups, kinds, moe_tensors,
+            moe_ints, moe_norm_min)
 
 
 def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], contract: bool) -> tuple[list[Any], list[Any]]:
@@ -278,7 +315,7 @@ def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], cont
             vals.append(None if t is None else t._inplace_version())
         for w in (layer.qkv, layer.o, layer.up_gate, layer.down):
             q = getattr(w, "qweight", None)
-            if w is None:  # an attention-only layer's MLP
+            if w is None:  # an attention-only or MoE layer's MLP
                 vals.append(None)
             elif q is None:
                 objs.append(w)
@@ -286,6 +323,19 @@ def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], cont
             else:
                 objs += (w, q, w.scales)
                 vals += (w.method, w.group_size, q._inplace_version(), w.scales._inplace_version())
+        moe = layer.moe
+        if moe is None:
+            vals.append(None)
+            continue
+        # the op reads the block's tensors in place (nothing derived from their values): identity
+        vals += (moe.top_k, moe.renormalize, moe.norm_min)
+        objs += (moe.gate, moe.correction_bias, moe.up_gate_weights, moe.down_weights, moe.shared_up_gate,
+                 moe.shared_down)
+        for w in (*(moe.quant or ()), moe.shared_up_gate, moe.shared_down):
+            q = getattr(w, "qweight", None)
+            if q is not None:
+                objs += (q, w.scales)
+                vals += (w.method, w.group_size)
     return objs, vals
 
 
@@ -304,7 +354,8 @@ def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: 
     contract = rows > WINT8_PACKED_MAX_ROWS
     cache = _model_runs(cos_sin)
     objs, vals = _signature(layers, k_caches, v_caches, contract)
-    slot = (id(objs[-1]), contract)  # the run's last weight: runs of one model differ there
+    # the run's last weight (a MoE block's may be None): runs of one model differ there
+    slot = (id(next(o for o in reversed(objs) if o is not None)), contract)
     recent = cache.recent.get(slot)
     if recent is not None and recent[1] == vals and len(recent[0]) == len(objs) \
             and all(map(operator.is_, recent[0], objs)):
@@ -338,21 +389,26 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     attention_only = layers[-1].attention_only
     if attention_only and not _attention_only_enabled():
         return None
+    if not _moe_run_enabled() and any(layer.moe is not None for layer in layers):
+        return None
     if not x86_ops._host(hidden) or (residual is not None and not x86_ops._host(residual)):
         return None
     inputs = _run_inputs(layers, cos_sin, k_caches, v_caches, rows)
     if inputs is None:
         return None
-    norms, k_list, v_list, k_scales, v_scales, weights, methods, widths, groups = inputs
+    (norms, k_list, v_list, k_scales, v_scales, weights, methods, widths, groups, kinds, moe_tensors, moe_ints,
+     moe_norm_min) = inputs
     positions, slots, tables, lens, block_size = _step_inputs(metadata)
     dense = x86_ops._dense
     hidden = dense(hidden)
     first = layers[0]
+    # as fd_x86.moe.moe_layer: the opt-in int8 activations for prefill-sized calls
+    int8_rows = PREFILL_INT8_MIN_ROWS if moe_ints and rows >= PREFILL_INT8_MIN_ROWS and prefill_int8_enabled() else 0
     out, total = load_ops().fd_x86_decoder_layers(
         hidden, hidden if residual is None else dense(residual), dense(cos_sin), positions, slots, tables, lens,
-        norms, k_list, v_list, k_scales, v_scales, weights, residual is not None, attention_only, methods, widths,
-        groups, float(first.eps),
+        norms, k_list, v_list, k_scales, v_scales, weights, moe_tensors or [hidden], residual is not None, kinds,
+        methods, widths, groups, float(first.eps),
         int(first.num_heads), int(first.num_kv_heads), bool(first.interleaved_rope), block_size,
-        float(first.scale), num_threads(),
+        float(first.scale), num_threads(), moe_ints, moe_norm_min, int8_rows,
     )
     return out, total

@@ -68,7 +68,8 @@ from fd_x86.offline import METHOD_CODE as _OFFLINE_CODE
 from fd_x86.offline import W4A8_CODE, w4a8_experts_run
 from fd_x86.offline import runs as _offline_runs
 
-__all__ = ["layer_enabled", "moe_experts", "moe_layer", "moe_layer_experts", "native_enabled", "select_experts"]
+__all__ = ["layer_enabled", "layer_in_run", "moe_experts", "moe_layer", "moe_layer_experts", "native_enabled",
+           "select_experts"]
 
 _METHOD_CODE = {"wint8": 0, "wint4": 1, "w8a8": 2, **_OFFLINE_CODE, "w4a8": W4A8_CODE}  # the ops' ``method``
 _NO_BIAS: list[Any] = []  # a 1-element fp32 tensor standing in for a missing correction bias
@@ -164,13 +165,7 @@ def moe_layer(x: Any, gate: Any, correction_bias: Any, top_k: int, renormalize: 
     ``Ops.moe_layer`` composes the per-op hooks then."""
     if quant is None or not layer_enabled() or len(x.shape) != 2 or not x86_ops._host(x):
         return None
-    up_q = quant[0]
-    cache = getattr(up_q, "backend_cache", None)
-    entry = cache.get(_LAYER_KEY) if cache is not None else None
-    objs = (gate, correction_bias, quant[1], shared_up_gate, shared_down, up_q.qweight, up_q.scales)
-    if entry is None or len(entry[0]) != len(objs) or not all(map(_same, entry[0], objs)):
-        entry = _layer_entry(up_q, objs, quant, shared_up_gate, shared_down)
-    tensors, attrs = entry[1], entry[2]
+    tensors, attrs = _entry(gate, correction_bias, quant, shared_up_gate, shared_down)
     if tensors is None or not 1 <= top_k <= int(gate.shape[1]):
         return None
     x = x if x.is_contiguous() else x.contiguous()
@@ -179,6 +174,33 @@ def moe_layer(x: Any, gate: Any, correction_bias: Any, top_k: int, renormalize: 
     int8_rows = PREFILL_INT8_MIN_ROWS if rows >= PREFILL_INT8_MIN_ROWS and prefill_int8_enabled() else 0
     return load_ops().fd_x86_moe_layer(x, *tensors, int(top_k), correction_bias is not None, bool(renormalize),
                                        float(norm_min), *attrs, num_threads(), int8_rows)
+
+
+def layer_in_run(moe: Any) -> tuple[list[Any], list[int], float] | None:
+    """A MoE block (``fd_core.ops.decoder.MoELayerWeights``) as the fused
+    decoder-layers op runs it (``fd_x86.layer``): its 10 tensors, its 11 ints
+    (top_k, has_bias, renormalize, then ``fd_x86_moe_layer``'s method, groups,
+    shared expert and isa attributes) and norm_min; None where ``moe_layer``
+    would decline it (the same entry, cached on the experts)."""
+    quant = moe.quant
+    if quant is None or moe.up_gate_weights is not None or moe.down_weights is not None or not layer_enabled():
+        return None
+    tensors, attrs = _entry(moe.gate, moe.correction_bias, quant, moe.shared_up_gate, moe.shared_down)
+    if tensors is None or not 1 <= moe.top_k <= int(moe.gate.shape[1]):
+        return None
+    ints = [int(moe.top_k), int(moe.correction_bias is not None), int(bool(moe.renormalize)), *map(int, attrs)]
+    return tensors, ints, float(moe.norm_min)
+
+
+def _entry(gate: Any, correction_bias: Any, quant: Any, shared_up_gate: Any, shared_down: Any) -> tuple[Any, Any]:
+    """The layer's op tensors (None: the op does not take it) and attributes, cached (``_layer_entry``)."""
+    up_q = quant[0]
+    cache = getattr(up_q, "backend_cache", None)
+    entry = cache.get(_LAYER_KEY) if cache is not None else None
+    objs = (gate, correction_bias, quant[1], shared_up_gate, shared_down, up_q.qweight, up_q.scales)
+    if entry is None or len(entry[0]) != len(objs) or not all(map(_same, entry[0], objs)):
+        entry = _layer_entry(up_q, objs, quant, shared_up_gate, shared_down)
+    return entry[1], entry[2]
 
 
 def _same(a: Any, b: Any) -> bool:

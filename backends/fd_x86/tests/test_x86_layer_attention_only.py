@@ -140,7 +140,8 @@ def test_an_attention_only_layer_inside_a_run_is_declined() -> None:
 def test_the_moe_model_fuses_each_moe_layers_attention_half(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, quantization: str
 ) -> None:
-    """A quantized tiny MoE model on x86: every decode-only step hands each
+    """A quantized tiny MoE model on x86 with its MoE blocks kept out of the
+    run (``FD_X86_FUSED_MOE_RUN=0``): every decode-only step hands each
     MoE layer's attention half (after the dense layer before it, if any) to
     the fused op, which answers it, and the
     greedy tokens and logprobs equal those with the attention half op by op
@@ -151,6 +152,7 @@ def test_the_moe_model_fuses_each_moe_layers_attention_half(
     from fd_core.testing.checkpoints import generate_checkpoint
     from fd_core.testing.greedy import greedy_generate
 
+    monkeypatch.setenv("FD_X86_FUSED_MOE_RUN", "0")  # the split run (the MoE blocks in the run: test_x86_layer_moe_run)
     model = generate_checkpoint(tmp_path / "tiny-moe", "tiny-moe", naming="paddle", seed=6, dtype="float32")
     prompts = [[int(t) for t in np.random.default_rng(8).integers(100, 1000, n)] for n in (3, 11, 25)]
     answered: list[list[bool]] = []

@@ -15,7 +15,13 @@ backend's fused kernel answers them or declines, and either way the result
 is the reference's. A run may end with an attention-only layer (a MoE
 layer's attention half: no ``up_gate`` / ``down``), alone or after a dense
 layer, which returns the post-attention-normed hidden state and the
-residual stream.
+residual stream. A run may hold MoE layers that carry their MoE block
+(``DecoderLayerWeights.moe``): what the model runs (``Ops.decoder_layers``:
+the backend's fused kernel when its plugin declares ``FD_DECODER_LAYERS_MOE``
+and answers, else the run split at its MoE layers) against the reference's
+composition, the experts quantized with each method; the router's bias
+tiers the experts so that every token picks the same ones on both sides
+(routing itself is ``cases_moe_layer``'s).
 """
 
 from __future__ import annotations
@@ -28,11 +34,12 @@ import numpy as np
 import pytest
 
 from fd_core.ops.attention import AttentionMetadata
-from fd_core.ops.decoder import DecoderLayerWeights, compose_decoder_layers
+from fd_core.ops.decoder import DecoderLayerWeights, MoELayerWeights, compose_decoder_layers
 from fd_core.ops.rope import rope_cos_sin
 from fd_core.testing.conformance import STATE_KEY
 from fd_core.testing.conformance.cases_attention import Step, _block_tables, _context
 from fd_core.testing.conformance.cases_dense import _reference_quantizer
+from fd_core.testing.conformance.cases_moe import ACT_QUANTIZED, expert_args
 from fd_core.testing.conformance.harness import Harness, Tolerance, case_rng, replace_tensors
 
 HIDDEN, INTER = 256, 512
@@ -54,7 +61,7 @@ ACT_QUANT_TOLERANCE = {"w8a8": W8A8_TOLERANCE, "w4a8": W8A8_TOLERANCE,
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "method" in metafunc.fixturenames and metafunc.function.__name__ in (
-            "test_decoder_layers", "test_decoder_layers_attention_only"):
+            "test_decoder_layers", "test_decoder_layers_attention_only", "test_decoder_layers_moe"):
         state = metafunc.config.stash[STATE_KEY]
         methods = state.quant_methods()
         metafunc.parametrize("method", ["none", *methods])
@@ -94,6 +101,30 @@ def _layer(fd: Harness, on_reference: bool, step: Step, method: str, w: dict[str
     )
 
 
+MOE_EXPERTS, MOE_TOP_K, MOE_INTER = 8, 2, 256
+
+
+def _moe_weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A MoE block's weights; the bias tiers the experts (selection only, far
+    above the router's probabilities), so both sides pick the same top-k."""
+    e, i = MOE_EXPERTS, MOE_INTER
+    return {"gate": rng.normal(0, 2 * HIDDEN**-0.5, (HIDDEN, e)).astype(np.float32),
+            "bias": (rng.permutation(e) * 2.0).astype(np.float32),
+            "up_gate": rng.normal(0, HIDDEN**-0.5, (e, HIDDEN, 2 * i)).astype(np.float32),
+            "down": rng.normal(0, i**-0.5, (e, i, HIDDEN)).astype(np.float32),
+            "s_up": rng.normal(0, HIDDEN**-0.5, (HIDDEN, 2 * i)).astype(np.float32),
+            "s_down": rng.normal(0, i**-0.5, (i, HIDDEN)).astype(np.float32)}
+
+
+def _moe_block(fd: Harness, on_reference: bool, method: str, m: dict[str, np.ndarray]) -> MoELayerWeights:
+    args, host = expert_args(fd, method, m["up_gate"], m["down"], m["s_up"], m["s_down"])
+    w = host if on_reference else args
+    gate, bias = ((fd.host(m["gate"]), fd.host(m["bias"])) if on_reference
+                  else (fd.device(m["gate"], "float32"), fd.device(m["bias"], "float32")))
+    return MoELayerWeights(gate, bias, MOE_TOP_K, True, 1e-12, w["up_gate_weights"], w["down_weights"], w["quant"],
+                           w["shared_up_gate"], w["shared_down"])
+
+
 def _run(fd: Harness, on_reference: bool, step: Step, method: str, data: dict[str, Any],
          tables: list[list[int]], num_blocks: int, with_residual: bool, kv_dtype: str = "float32",
          attention_only: bool = False) -> tuple[Any, Any]:
@@ -116,12 +147,16 @@ def _run(fd: Harness, on_reference: bool, step: Step, method: str, data: dict[st
         v_caches.append(v_cache)
     if attention_only:
         layers[-1] = replace(layers[-1], up_gate=None, down=None)
+    for i, block in data.get("moe", {}).items():
+        layers[i] = replace(layers[i], up_gate=None, down=None, moe=_moe_block(fd, on_reference, method, block))
     args = {"layers": layers, "hidden": put(data["hidden"]),
             "residual": put(data["residual"]) if with_residual else None, "cos_sin": put(data["cos_sin"]),
             "metadata": meta, "k_caches": k_caches, "v_caches": v_caches}
     if on_reference:
         with fd.on_host():
             return compose_decoder_layers(fd.reference.ops, **args)
+    if "moe" in data:  # only a plugin that declares MoE runs is asked; else the model's split run
+        return fd.call_moe_run(**args)
     return fd.call_fused("decoder_layers", **args)  # type: ignore[no-any-return]
 
 
@@ -138,6 +173,14 @@ def test_decoder_layers(conformance: Harness, step: Step, method: str, with_resi
 def test_decoder_layers_attention_only(conformance: Harness, step: Step, method: str, with_residual: bool,
                                        num_layers: int) -> None:
     _check_layers(conformance, step, method, with_residual, num_layers, "plain", attention_only=True)
+
+
+@pytest.mark.parametrize("moe_at", [(1,), (0,), (0, 1)], ids=["dense+moe", "moe+dense", "moe+moe"])
+@pytest.mark.parametrize("with_residual", [False, True], ids=["first-layer", "residual"])
+@pytest.mark.parametrize("step", LAYER_STEPS, ids=[s.name for s in LAYER_STEPS])
+def test_decoder_layers_moe(conformance: Harness, step: Step, method: str, with_residual: bool,
+                            moe_at: tuple[int, ...]) -> None:
+    _check_layers(conformance, step, method, with_residual, 2, "plain", moe_at=moe_at)
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "plain"])
@@ -164,10 +207,10 @@ def test_decoder_layers_kv_dtypes(conformance: Harness, step: Step, kv_dtype: st
 
 
 def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num_layers: int, variant: str,
-                  kv_dtype: str = "float32", attention_only: bool = False) -> None:
+                  kv_dtype: str = "float32", attention_only: bool = False, moe_at: tuple[int, ...] = ()) -> None:
     rng = case_rng("decoder-layers", step.name, method, with_residual, num_layers,
                    *(() if variant == "plain" else (variant,)), *(() if kv_dtype == "float32" else (kv_dtype,)),
-                   *(("attention-only",) if attention_only else ()))
+                   *(("attention-only",) if attention_only else ()), *(("moe", *moe_at) if moe_at else ()))
     num_blocks, tables = _block_tables(step, rng)
     ctx_slots = _context(step, tables, rng)
     tokens = sum(step.query_lens)
@@ -183,9 +226,13 @@ def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num
         "ctx_k": [fd.rounded(rng.normal(0, 1, ctx_shape)) for _ in range(num_layers)],
         "ctx_v": [fd.rounded(rng.normal(0, 1, ctx_shape)) for _ in range(num_layers)],
     }
+    if moe_at:
+        data["moe"] = {i: _moe_weights(rng) for i in moe_at}
     got = _run(fd, False, step, method, data, tables, num_blocks, with_residual, kv_dtype, attention_only)
     want = _run(fd, True, step, method, data, tables, num_blocks, with_residual, kv_dtype, attention_only)
     tol = fd.tol().looser(ACT_QUANT_TOLERANCE.get(method, LAYER_TOLERANCE))
+    if moe_at and method in ACT_QUANTIZED:  # the experts quantize their hidden activations too (cases_moe)
+        tol = tol.looser(Tolerance(rtol=5e-2, atol=5e-2))
     if kv_dtype != "float32":
         tol = tol.looser(KV_TOLERANCE[kv_dtype])
     if fd.override is not None:
@@ -195,6 +242,8 @@ def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num
         parts += f" kv={kv_dtype}"
     if attention_only:
         parts += " last-layer=attention-only"
+    if moe_at:
+        parts += f" moe-layers={list(moe_at)} experts={MOE_EXPERTS} top_k={MOE_TOP_K} moe_inter={MOE_INTER}"
     case = (f"{step.name}: {parts} layers={num_layers} D={HIDDEN} I={INTER} H={step.heads} "
             f"Hkv={step.kv_heads} Dh={step.head_dim} query_lens={step.query_lens} seq_lens={step.seq_lens} "
             f"residual={with_residual} dtype={fd.dtype}")

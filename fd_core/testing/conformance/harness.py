@@ -139,6 +139,19 @@ class Harness:
         self.answers.setdefault(op, set()).add(NATIVE if result is not None else COMPOSED)
         return result if result is not None else getattr(self.backend.ops, op)(**kwargs)
 
+    def call_moe_run(self, **kwargs: Any) -> Any:
+        """``decoder_layers`` on a run whose MoE layers carry their block: the
+        backend's kernel when its plugin declares ``FD_DECODER_LAYERS_MOE`` and
+        answers, else what the model runs then (``Ops.decoder_layers`` splits
+        the run at its MoE layers)."""
+        impls = self.backend.pm.hook.fd_decoder_layers.get_hookimpls()
+        others = [impl.plugin for impl in impls if not getattr(impl.plugin, "FD_DECODER_LAYERS_MOE", False)]
+        result = None
+        if not self.is_reference and len(others) < len(impls):
+            result = self.backend.pm.subset_hook_caller("fd_decoder_layers", remove_plugins=others)(**kwargs)
+        self.answers.setdefault("decoder_layers", set()).add(NATIVE if result is not None else COMPOSED)
+        return result if result is not None else self.backend.ops.decoder_layers(**kwargs)
+
     def call_reference(self, op: str, **kwargs: Any) -> Any:
         """Call op ``op`` on the CPU reference with host tensors."""
         with self.on_host():

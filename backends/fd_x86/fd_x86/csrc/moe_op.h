@@ -38,6 +38,29 @@ paddle::Tensor moe_forward(const paddle::Tensor& x, const int64_t* ids, const fl
 void moe_route_row(const float* logits, int64_t E, const float* bias, int top_k, bool renormalize, float norm_min,
                    float* w, int64_t* id, float* probs, float* score, int64_t* idx);
 
+// A whole MoE layer after its norm (fd_x86_moe_layer, x86_moe_layer_op.cc):
+// the router, the routing and the routed + shared experts. Its tensors and
+// attributes as the op takes them; the decoder-layers op (x86_ops.cc) runs
+// a run's MoE layers through the same two functions.
+struct MoeLayerArgs {
+  const paddle::Tensor *gate, *bias, *up_qweight, *up_scales, *down_qweight, *down_scales;
+  const paddle::Tensor *shared_up_qweight, *shared_up_scales, *shared_down_qweight, *shared_down_scales;
+  int top_k;
+  bool has_bias, renormalize;
+  float norm_min;
+  int method, up_group, down_group;
+  bool has_shared;
+  int shared_method, shared_up_group, shared_down_group, isa;
+};
+
+// The router's, the bias's, top_k's and the shared method's checks, for
+// inputs of width D (the experts' own are moe_forward's, when it runs).
+void moe_layer_check(const char* op, int64_t D, const MoeLayerArgs& a);
+
+// out [T, D] for x fp32 [T, D] (contiguous, checked by the caller, as the
+// layer by moe_layer_check).
+paddle::Tensor moe_layer_run(const paddle::Tensor& x, const MoeLayerArgs& a, int threads, int int8_act_rows);
+
 // true: the AVX-512 kernels, false: the AVX2 ones (isa 0 auto, 1 AVX2, 2 AVX-512)
 bool moe_use_avx512(int isa);
 

@@ -48,6 +48,50 @@ void router_logits(const float* x, int64_t T, int64_t D, const float* gate, int6
 
 }  // namespace
 
+void fdx86::moe_layer_check(const char* op, int64_t D, const MoeLayerArgs& a) {
+  const paddle::Tensor &gate = *a.gate, &bias = *a.bias;
+  PD_CHECK(gate.is_cpu() && gate.dtype() == paddle::DataType::FLOAT32 && gate.shape().size() == 2 &&
+               gate.is_contiguous() && gate.shape()[0] == D,
+           op, ": gate must be contiguous float32 [D = ", D, ", E] on the CPU");
+  const int64_t E = gate.shape()[1];
+  PD_CHECK(a.top_k >= 1 && a.top_k <= E, op, ": top_k must be in [1, E = ", E, "], got ", a.top_k);
+  if (a.has_bias)
+    PD_CHECK(bias.is_cpu() && bias.dtype() == paddle::DataType::FLOAT32 && bias.numel() == E && bias.is_contiguous(),
+             op, ": correction_bias must be contiguous float32 with E = ", E, " values");
+  PD_CHECK(a.up_qweight->shape().size() == 3 && a.up_qweight->shape()[0] == E, op, ": the router has ", E,
+           " experts, up_gate qweight ", a.up_qweight->shape().empty() ? 0 : a.up_qweight->shape()[0]);
+  if (a.has_shared)
+    PD_CHECK((a.shared_method >= 0 && a.shared_method <= 2) || a.shared_method == fdx86::kMoeW4a8, op,
+             ": shared_method must be 0 (wint8), 1 (wint4), 2 (w8a8) or 5 (w4a8), got ", a.shared_method);
+}
+
+paddle::Tensor fdx86::moe_layer_run(const paddle::Tensor& x, const MoeLayerArgs& a, int threads, int int8_act_rows) {
+  const int64_t T = x.shape()[0], D = x.shape()[1], E = a.gate->shape()[1];
+  const int top_k = a.top_k;
+  threads = threads < 1 ? 1 : threads;
+  std::vector<float> logits(T * E), w(T * top_k), probs(E), score(E);
+  std::vector<int64_t> ids(T * top_k), idx(E);
+  router_logits(x.data<float>(), T, D, a.gate->data<float>(), E, logits.data(), fdx86::moe_use_avx512(a.isa),
+                threads);
+  const float* b = a.has_bias ? a.bias->data<float>() : nullptr;
+  for (int64_t t = 0; t < T; ++t)
+    fdx86::moe_route_row(logits.data() + t * E, E, b, top_k, a.renormalize, a.norm_min, w.data() + t * top_k,
+                         ids.data() + t * top_k, probs.data(), score.data(), idx.data());
+  fdx86::MoeSharedArgs shared;
+  if (a.has_shared) {
+    shared.method = a.shared_method;
+    shared.up_qweight = a.shared_up_qweight;
+    shared.up_scales = a.shared_up_scales;
+    shared.down_qweight = a.shared_down_qweight;
+    shared.down_scales = a.shared_down_scales;
+    shared.up_group = a.shared_up_group;
+    shared.down_group = a.shared_down_group;
+  }
+  return fdx86::moe_forward(x, ids.data(), w.data(), top_k, *a.up_qweight, *a.up_scales, *a.down_qweight,
+                            *a.down_scales, a.method, a.up_group, a.down_group, a.isa, threads,
+                            a.has_shared ? &shared : nullptr, int8_act_rows);
+}
+
 std::vector<paddle::Tensor> MoeLayer(
     const paddle::Tensor& x, const paddle::Tensor& gate, const paddle::Tensor& bias, const paddle::Tensor& up_qweight,
     const paddle::Tensor& up_scales, const paddle::Tensor& down_qweight, const paddle::Tensor& down_scales,
@@ -58,41 +102,12 @@ std::vector<paddle::Tensor> MoeLayer(
   const char* op = "fd_x86_moe_layer";
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2 && x.is_contiguous(), op,
            ": x must be contiguous float32 [T, D] on the CPU");
-  const int64_t T = x.shape()[0], D = x.shape()[1];
-  PD_CHECK(gate.is_cpu() && gate.dtype() == paddle::DataType::FLOAT32 && gate.shape().size() == 2 &&
-               gate.is_contiguous() && gate.shape()[0] == D,
-           op, ": gate must be contiguous float32 [D = ", D, ", E] on the CPU");
-  const int64_t E = gate.shape()[1];
-  PD_CHECK(top_k >= 1 && top_k <= E, op, ": top_k must be in [1, E = ", E, "], got ", top_k);
-  const float* b = nullptr;
-  if (has_bias) {
-    PD_CHECK(bias.is_cpu() && bias.dtype() == paddle::DataType::FLOAT32 && bias.numel() == E && bias.is_contiguous(),
-             op, ": correction_bias must be contiguous float32 with E = ", E, " values");
-    b = bias.data<float>();
-  }
-  PD_CHECK(up_qweight.shape().size() == 3 && up_qweight.shape()[0] == E, op, ": the router has ", E,
-           " experts, up_gate qweight ", up_qweight.shape().empty() ? 0 : up_qweight.shape()[0]);
-  threads = threads < 1 ? 1 : threads;
-  std::vector<float> logits(T * E), w(T * top_k), probs(E), score(E);
-  std::vector<int64_t> ids(T * top_k), idx(E);
-  router_logits(x.data<float>(), T, D, gate.data<float>(), E, logits.data(), fdx86::moe_use_avx512(isa), threads);
-  for (int64_t t = 0; t < T; ++t)
-    fdx86::moe_route_row(logits.data() + t * E, E, b, top_k, renormalize, norm_min, w.data() + t * top_k,
-                         ids.data() + t * top_k, probs.data(), score.data(), idx.data());
-  fdx86::MoeSharedArgs shared;
-  if (has_shared) {
-    PD_CHECK((shared_method >= 0 && shared_method <= 2) || shared_method == fdx86::kMoeW4a8, op,
-             ": shared_method must be 0 (wint8), 1 (wint4), 2 (w8a8) or 5 (w4a8), got ", shared_method);
-    shared.method = shared_method;
-    shared.up_qweight = &shared_up_qweight;
-    shared.up_scales = &shared_up_scales;
-    shared.down_qweight = &shared_down_qweight;
-    shared.down_scales = &shared_down_scales;
-    shared.up_group = shared_up_group;
-    shared.down_group = shared_down_group;
-  }
-  return {fdx86::moe_forward(x, ids.data(), w.data(), top_k, up_qweight, up_scales, down_qweight, down_scales, method,
-                             up_group, down_group, isa, threads, has_shared ? &shared : nullptr, int8_act_rows)};
+  const fdx86::MoeLayerArgs a{&gate, &bias, &up_qweight, &up_scales, &down_qweight, &down_scales,
+                              &shared_up_qweight, &shared_up_scales, &shared_down_qweight, &shared_down_scales,
+                              top_k, has_bias, renormalize, norm_min, method, up_group, down_group, has_shared,
+                              shared_method, shared_up_group, shared_down_group, isa};
+  fdx86::moe_layer_check(op, x.shape()[1], a);
+  return {fdx86::moe_layer_run(x, a, threads, int8_act_rows)};
 }
 
 std::vector<std::vector<int64_t>> MoeLayerInferShape(

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "moe_op.h"
 #include "ops_kernels.h"
 #include "packed_linear.h"
 #include "paddle/extension.h"
@@ -697,8 +698,10 @@ PD_BUILD_OP(fd_x86_qkv_rope_cache_q8)
 //
 //   fd_x86_decoder_layers(hidden, residual, cos_sin, positions, slots, block_tables, seq_lens,
 //                         norms[2L], k_caches[L], v_caches[L], k_scales[L], v_scales[L],
-//                         weights[8L]) -> hidden, residual
-//   (with last_attention_only: weights[8L - 4], methods / out_features / group_sizes [4L - 2])
+//                         weights[2 n], moe_tensors[10 M]) -> hidden, residual
+//   kinds[L]: each layer's kind, 0 dense (4 linears), 1 attention only (2: qkv, o; the last layer
+//   only), 2 MoE (2 linears, then its MoE block); n linears in all: methods / out_features /
+//   group_sizes [n]; M MoE layers: moe_ints [11 M], moe_norm_min [M]
 //
 // A run of L consecutive pre-norm decoder layers of a decode step (one token
 // per request, T requests), in one call. Each layer: RMSNorm (with the
@@ -715,12 +718,20 @@ PD_BUILD_OP(fd_x86_qkv_rope_cache_q8)
 // their scales [S, Hkv] from k_scales / v_scales, whose entries a float
 // pool's layer ignores (any fp32 tensor). The same kernels as the separate ops, so
 // the same results; what it saves is ~8 op calls per layer and the Python
-// between the layers. With last_attention_only the last layer has no MLP (a
+// between the layers. An attention-only last layer (kind 1) has no MLP (a
 // MoE layer's attention half: its qkv and o weights only) and the op returns
 // that layer's post-attention-normed hidden state (the MLP's input) and the
 // residual stream after the attention add, the same code path stopped after
-// the second norm.
+// the second norm. A MoE layer (kind 2) runs its MoE block on the
+// post-attention-normed stream: fd_x86_moe_layer's code (moe_layer_run) with
+// that layer's 10 tensors (gate, bias, the stacked up_gate / down qweights and
+// scales, the shared expert's four) and 11 ints (top_k, has_bias,
+// renormalize, method, up_group, down_group, has_shared, shared_method,
+// shared_up_group, shared_down_group, isa), so a MoE model's whole decode
+// step is one call.
 namespace {
+
+constexpr int kDenseLayer = 0, kAttentionOnlyLayer = 1, kMoeLayer = 2;
 
 // One layer's tensors, checked, and its kernels' arguments.
 struct LayerPlan {
@@ -730,7 +741,8 @@ struct LayerPlan {
   fdx86::AttentionArgs attn;
   fdx86::LinearArgs lin[4];
   int methods[4] = {0, 0, 0, 0};
-  bool attention_only = false;  // no up_gate / down: stop after the post-attention norm
+  int kind = kDenseLayer;  // attention only: no up_gate / down, stop after the post-attention norm
+  fdx86::MoeLayerArgs moe{};  // a MoE layer's block
 };
 
 std::vector<paddle::Tensor> DecoderLayers(
@@ -739,10 +751,11 @@ std::vector<paddle::Tensor> DecoderLayers(
     const paddle::Tensor& seq_lens, const std::vector<paddle::Tensor>& norms,
     const std::vector<paddle::Tensor>& k_caches, const std::vector<paddle::Tensor>& v_caches,
     const std::vector<paddle::Tensor>& k_scales, const std::vector<paddle::Tensor>& v_scales,
-    const std::vector<paddle::Tensor>& weights, bool has_residual, bool last_attention_only,
-    const std::vector<int>& methods,
+    const std::vector<paddle::Tensor>& weights, const std::vector<paddle::Tensor>& moe_tensors, bool has_residual,
+    const std::vector<int>& kinds, const std::vector<int>& methods,
     const std::vector<int64_t>& out_features, const std::vector<int>& group_sizes, float eps, int64_t num_heads,
-    int64_t num_kv_heads, bool interleaved, int64_t block_size, float scale, int threads) {
+    int64_t num_kv_heads, bool interleaved, int64_t block_size, float scale, int threads,
+    const std::vector<int>& moe_ints, const std::vector<float>& moe_norm_min, int int8_act_rows) {
   const char* op = "fd_x86_decoder_layers";
   check_isa(op);
   check_f32(op, "hidden", hidden);
@@ -753,12 +766,24 @@ std::vector<paddle::Tensor> DecoderLayers(
   PD_CHECK(hidden.shape().size() == 2, op, ": hidden must be [T, D]");
   PD_CHECK(!has_residual || residual.shape() == hidden.shape(), op, ": residual must have hidden's shape");
   const size_t L = k_caches.size();
-  const size_t lins = L >= 1 ? 4 * L - (last_attention_only ? 2 : 0) : 0;  // linears in the run
-  PD_CHECK(L >= 1 && v_caches.size() == L && k_scales.size() == L && v_scales.size() == L &&
-               norms.size() == 2 * L && weights.size() == 2 * lins &&
-               methods.size() == lins && out_features.size() == lins && group_sizes.size() == lins,
+  PD_CHECK(L >= 1 && kinds.size() == L, op, ": ", L, " layers' caches, ", kinds.size(), " layer kinds");
+  size_t lins = 0, moes = 0;  // linears and MoE layers in the run
+  for (size_t l = 0; l < L; ++l) {
+    PD_CHECK(kinds[l] == kDenseLayer || kinds[l] == kMoeLayer || (kinds[l] == kAttentionOnlyLayer && l + 1 == L),
+             op, ": layer ", l, " has kind ", kinds[l], "; expected 0 (dense), 2 (MoE) or 1 (attention only, the last "
+             "layer only)");
+    lins += kinds[l] == kDenseLayer ? 4 : 2;
+    moes += kinds[l] == kMoeLayer ? 1 : 0;
+  }
+  PD_CHECK(v_caches.size() == L && k_scales.size() == L && v_scales.size() == L && norms.size() == 2 * L &&
+               weights.size() == 2 * lins && methods.size() == lins && out_features.size() == lins &&
+               group_sizes.size() == lins,
            op, ": for ", L, " layers needs 2 norms, a k and a v cache, (packed, scales) x 4 weights and 4 methods / "
-           "out_features / group_sizes per layer (2 of each in an attention-only last layer)");
+           "out_features / group_sizes per dense layer (2 of each in an attention-only or MoE layer)");
+  PD_CHECK((moes == 0 || moe_tensors.size() == 10 * moes) && moe_ints.size() == 11 * moes &&
+               moe_norm_min.size() == moes,
+           op, ": ", moes, " MoE layers need 10 tensors, 11 ints and a norm_min each; got ", moe_tensors.size(), ", ",
+           moe_ints.size(), ", ", moe_norm_min.size());
   PD_CHECK(cos_sin.shape().size() == 2, op, ": cos_sin must be [max_pos, Dh]");
   const int64_t T = hidden.shape()[0], D = hidden.shape()[1], dh = cos_sin.shape()[1];
   const int64_t H = num_heads, Hkv = num_kv_heads, q_size = H * dh, qkv_size = (H + 2 * Hkv) * dh;
@@ -771,6 +796,7 @@ std::vector<paddle::Tensor> DecoderLayers(
   paddle::Tensor q = paddle::empty({T, H, dh}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   std::vector<LayerPlan> plans(L);
   int64_t inter_max = 0;
+  size_t lin = 0, moe = 0;  // the layer's first linear, its MoE layer's index
   for (size_t l = 0; l < L; ++l) {
     LayerPlan& p = plans[l];
     const paddle::Tensor &in_norm = norms[2 * l], &post_norm = norms[2 * l + 1];
@@ -778,15 +804,24 @@ std::vector<paddle::Tensor> DecoderLayers(
     check_f32(op, "post_norm", post_norm);
     PD_CHECK(in_norm.numel() == D && post_norm.numel() == D, op, ": layer ", l,
              ": the norm weights must have D = ", D, " values");
-    p.attention_only = last_attention_only && l + 1 == L;
-    const int nlin = p.attention_only ? 2 : 4;
-    const int64_t* outs = out_features.data() + 4 * l;
+    p.kind = kinds[l];
+    const bool dense = p.kind == kDenseLayer;
+    const int nlin = dense ? 4 : 2;
+    const int64_t* outs = out_features.data() + lin;
     PD_CHECK(outs[0] == qkv_size, op, ": layer ", l, ": qkv has ", outs[0], " outputs, expected (", H, " + 2 * ",
              Hkv, ") * ", dh);
-    PD_CHECK(outs[1] == D && (p.attention_only || outs[3] == D), op, ": layer ", l, ": o and down must output D = ",
-             D);
-    PD_CHECK(p.attention_only || outs[2] % 2 == 0, op, ": layer ", l, ": up_gate must have an even output width");
-    const int64_t inter = p.attention_only ? 0 : outs[2] / 2;
+    PD_CHECK(outs[1] == D && (!dense || outs[3] == D), op, ": layer ", l, ": o and down must output D = ", D);
+    PD_CHECK(!dense || outs[2] % 2 == 0, op, ": layer ", l, ": up_gate must have an even output width");
+    const int64_t inter = dense ? outs[2] / 2 : 0;
+    if (p.kind == kMoeLayer) {
+      const paddle::Tensor* t = moe_tensors.data() + 10 * moe;
+      const int* m = moe_ints.data() + 11 * moe;
+      p.moe = fdx86::MoeLayerArgs{t,         t + 1,     t + 2, t + 3, t + 4,          t + 5, t + 6, t + 7, t + 8,
+                                  t + 9,     m[0],      m[1] != 0, m[2] != 0, moe_norm_min[moe], m[3], m[4], m[5],
+                                  m[6] != 0, m[7],      m[8], m[9], m[10]};
+      fdx86::moe_layer_check(op, D, p.moe);
+      ++moe;
+    }
     inter_max = std::max(inter_max, inter);
     // an int8 / fp8 pool (int8 / uint8 codes) comes with its scales; a float pool's entry is unused
     const bool scaled = k_caches[l].dtype() == paddle::DataType::INT8 || k_caches[l].dtype() == paddle::DataType::UINT8;
@@ -803,11 +838,12 @@ std::vector<paddle::Tensor> DecoderLayers(
                "'s caches have a different number of rows than layer 0's");
     const int64_t in_features[4] = {D, q_size, D, inter};
     for (int i = 0; i < nlin; ++i) {
-      p.methods[i] = methods[4 * l + i];
-      p.lin[i] = fdx86::packed_linear_args(op, nullptr, T, in_features[i], weights[8 * l + 2 * i],
-                                           weights[8 * l + 2 * i + 1], p.methods[i], outs[i],
-                                           group_sizes[4 * l + i], nthreads);
+      p.methods[i] = methods[lin + i];
+      p.lin[i] = fdx86::packed_linear_args(op, nullptr, T, in_features[i], weights[2 * (lin + i)],
+                                           weights[2 * (lin + i) + 1], p.methods[i], outs[i], group_sizes[lin + i],
+                                           nthreads);
     }
+    lin += nlin;
     p.input_norm = in_norm.data<float>();
     p.post_norm = post_norm.data<float>();
   }
@@ -834,6 +870,8 @@ std::vector<paddle::Tensor> DecoderLayers(
   float* r_bufs[2] = {bufs[10], bufs[10] + T * D};
   std::vector<int64_t> items(2 * T);
   for (int64_t b = 0; b < T; ++b) items[2 * b] = b, items[2 * b + 1] = 0;
+  // a MoE layer's block input (moe_layer_run takes a tensor)
+  paddle::Tensor moe_x = moes > 0 ? paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace()) : q;
 
   const float* h_in = hidden.data<float>();
   const float* r_in = has_residual ? residual.data<float>() : nullptr;
@@ -878,9 +916,17 @@ std::vector<paddle::Tensor> DecoderLayers(
     p.lin[1].out = o;
     fdx86::run_packed_linear(p.lin[1], p.methods[1]);
     // post-attention norm: r_next = o + res; an attention-only (last) layer returns its output
-    if (p.attention_only) {
+    if (p.kind == kAttentionOnlyLayer) {
       fdx86::rms_norm_avx2(o, res, p.post_norm, h_next, r_next, T, D, eps, nthreads);
       break;
+    }
+    if (p.kind == kMoeLayer) {
+      fdx86::rms_norm_avx2(o, res, p.post_norm, moe_x.data<float>(), r_next, T, D, eps, nthreads);
+      const paddle::Tensor y = fdx86::moe_layer_run(moe_x, p.moe, nthreads, int8_act_rows);
+      std::copy_n(y.data<float>(), T * D, h_next);
+      h_in = h_next;
+      r_in = r_next;
+      continue;
     }
     fdx86::rms_norm_avx2(o, res, p.post_norm, x, r_next, T, D, eps, nthreads);
     p.lin[2].x = x;
@@ -901,7 +947,8 @@ std::vector<std::vector<int64_t>> DecoderLayersShape(
     const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&,
     const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&,
     const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&,
-    const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&) {
+    const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&,
+    const std::vector<std::vector<int64_t>>&) {
   return {hidden, hidden};
 }
 
@@ -910,7 +957,7 @@ std::vector<paddle::DataType> DecoderLayersDtype(
     const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const std::vector<paddle::DataType>&,
     const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&,
     const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&,
-    const std::vector<paddle::DataType>&) {
+    const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&) {
   return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
 }
 
@@ -919,11 +966,12 @@ std::vector<paddle::DataType> DecoderLayersDtype(
 PD_BUILD_OP(fd_x86_decoder_layers)
     .Inputs({"Hidden", "Residual", "CosSin", "Positions", "Slots", "BlockTables", "SeqLens", paddle::Vec("Norms"),
              paddle::Vec("KCaches"), paddle::Vec("VCaches"), paddle::Vec("KScales"), paddle::Vec("VScales"),
-             paddle::Vec("Weights")})
+             paddle::Vec("Weights"), paddle::Vec("MoeTensors")})
     .Outputs({"HiddenOut", "ResidualOut"})
-    .Attrs({"has_residual: bool", "last_attention_only: bool", "methods: std::vector<int>",
+    .Attrs({"has_residual: bool", "kinds: std::vector<int>", "methods: std::vector<int>",
             "out_features: std::vector<int64_t>", "group_sizes: std::vector<int>", "eps: float", "num_heads: int64_t",
-            "num_kv_heads: int64_t", "interleaved: bool", "block_size: int64_t", "scale: float", "threads: int"})
+            "num_kv_heads: int64_t", "interleaved: bool", "block_size: int64_t", "scale: float", "threads: int",
+            "moe_ints: std::vector<int>", "moe_norm_min: std::vector<float>", "int8_act_rows: int"})
     .SetKernelFn(PD_KERNEL(DecoderLayers))
     .SetInferShapeFn(PD_INFER_SHAPE(DecoderLayersShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(DecoderLayersDtype));
