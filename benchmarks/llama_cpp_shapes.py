@@ -72,6 +72,7 @@ _MOE_ROWS = (
     FdConfig("w8a8", {"quantization": "w8a8"}, "q8_0"),
     FdConfig("mix_quant all-int4", {"quantization": _ALL_INT4}, "q4_0"),
     FdConfig("w4a8", {"quantization": "w4a8"}, "q4_0"),
+    FdConfig("w4a8 + w4a8 head", {"quantization": _W4A8_HEAD}, "q4_0"),
 )
 _MOE_TITLE = ("mid-size MoE (hidden 1024, 4 layers: 1 dense + 3 MoE, 16 experts top-4, width 768, 1 shared)")
 SHAPES: dict[str, Shape] = {

@@ -93,6 +93,12 @@ class Ops:
         self._fd_decoder_layers_moe = (
             resolve(pm.subset_hook_caller("fd_decoder_layers", remove_plugins=no_moe)) if self._fuses_moe
             else None)
+        # a MoE run that ends attention only: plugins that declare both
+        moe_half = [impl.plugin for impl in hooks.fd_decoder_layers.get_hookimpls()
+                    if impl.plugin not in no_moe and impl.plugin not in older]
+        self._fd_decoder_layers_moe_attention_only = (
+            resolve(pm.subset_hook_caller("fd_decoder_layers", remove_plugins=[*no_moe, *older])) if moe_half
+            and fuse_layers else None)
 
     def implementers(self, op: str) -> list[str]:
         """The plugins that may answer ``op`` (e.g. ``"linear"``), in the
@@ -178,8 +184,10 @@ class Ops:
         them: each piece ends with a MoE layer's attention half, then
         ``moe_layer`` (``fd_core.ops.decoder``)."""
         if any(getattr(layer, "moe", None) is not None for layer in layers):
-            if self._fd_decoder_layers_moe is not None:
-                fused = self._fd_decoder_layers_moe(
+            call = (self._fd_decoder_layers_moe_attention_only if layers[-1].attention_only
+                    else self._fd_decoder_layers_moe)
+            if call is not None:
+                fused = call(
                     layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
                     k_caches=k_caches, v_caches=v_caches,
                 )

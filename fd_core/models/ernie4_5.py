@@ -149,7 +149,7 @@ class Ernie4_5ForCausalLM:
         run whole (dense, or MoE with the block in the run: a MoE model's whole
         stack), and the attention half of a MoE layer whose block runs its own
         ``__call__`` after them (it follows the call); an unfused layer alone.
-        Call again after changing a layer's ``fused``."""
+        Call again after changing a layer's ``fused`` or its MoE block's class."""
         runs: list[tuple[int, int]] = []
         for i, layer in enumerate(self.layers):
             previous = self.layers[i - 1] if i else None

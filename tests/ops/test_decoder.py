@@ -261,3 +261,28 @@ def test_attention_only_runs_go_only_to_plugins_that_declare_them() -> None:
     newer = _FusedAttentionOnly(sentinel)
     ops = Ops(make_plugin_manager(cpu, newer), "newer")
     assert ops.decoder_layers([attention], hidden, None, cos_sin, meta, [k], [v]) is sentinel and newer.calls == 1
+
+
+def test_a_moe_run_ending_attention_only_goes_only_to_plugins_that_declare_both() -> None:
+    rng = np.random.default_rng(7)
+    layers = [replace(_layer(rng), up_gate=None, down=None, moe=_moe(rng)),
+              replace(_layer(rng), up_gate=None, down=None)]
+    hidden, cos_sin, meta, _, _ = _step(rng)
+    caches = [paddle.zeros([32, HKV, DH]) for _ in range(4)]
+    seen: list[list[str]] = []
+
+    class _MoEOnly(_Fused):
+        FD_DECODER_LAYERS_MOE = True  # but not FD_DECODER_LAYERS_ATTENTION_ONLY
+
+        @hookimpl
+        def fd_decoder_layers(self, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches):  # noqa: ANN001, ANN201
+            seen.append(["moe" if layer.moe is not None else "half" if layer.attention_only else "dense"
+                         for layer in layers])
+            return None
+
+    ops = Ops(make_plugin_manager(cpu, _MoEOnly(None)), "moe-only")
+    ops.decoder_layers(layers, hidden, None, cos_sin, meta, caches[0:2], caches[2:4])
+    assert ["moe", "half"] not in seen
+    seen.clear()
+    ops.decoder_layers(layers[:1], hidden, None, cos_sin, meta, caches[0:1], caches[2:3])
+    assert seen == [["moe"]]

@@ -74,7 +74,7 @@ from fd_x86.linear import (
     prefill_int8_enabled,
     wint4_words,
 )
-from fd_x86.moe import layer_in_run
+from fd_x86.moe import layer_enabled, layer_in_run
 
 __all__ = ["decoder_layers"]
 
@@ -389,7 +389,8 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     attention_only = layers[-1].attention_only
     if attention_only and not _attention_only_enabled():
         return None
-    if not _moe_run_enabled() and any(layer.moe is not None for layer in layers):
+    # the MoE switches are read here, on each call (a cached run does not see them)
+    if any(layer.moe is not None for layer in layers) and not (_moe_run_enabled() and layer_enabled()):
         return None
     if not x86_ops._host(hidden) or (residual is not None and not x86_ops._host(residual)):
         return None

@@ -197,10 +197,16 @@ def _entry(gate: Any, correction_bias: Any, quant: Any, shared_up_gate: Any, sha
     up_q = quant[0]
     cache = getattr(up_q, "backend_cache", None)
     entry = cache.get(_LAYER_KEY) if cache is not None else None
-    objs = (gate, correction_bias, quant[1], shared_up_gate, shared_down, up_q.qweight, up_q.scales)
+    # every object the entry holds or reads (a QuantizedWeight's tensors may be reassigned in place)
+    objs = (gate, correction_bias, quant[1], shared_up_gate, shared_down, up_q.qweight, up_q.scales,
+            quant[1].qweight, quant[1].scales, *_tensors(shared_up_gate), *_tensors(shared_down))
     if entry is None or len(entry[0]) != len(objs) or not all(map(_same, entry[0], objs)):
         entry = _layer_entry(up_q, objs, quant, shared_up_gate, shared_down)
     return entry[1], entry[2]
+
+
+def _tensors(weight: Any) -> tuple[Any, Any]:
+    return (getattr(weight, "qweight", None), getattr(weight, "scales", None))
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -22,7 +22,7 @@ import fd_x86.offline  # noqa: E402
 from fd_x86.linear import _use_packed  # noqa: E402
 from test_x86_layer import HIDDEN, _layer, _step  # noqa: E402
 
-from fd_core.ops.decoder import DecoderLayerWeights, MoELayerWeights  # noqa: E402
+from fd_core.ops.decoder import DecoderLayerWeights, MoELayerWeights, compose_decoder_layers  # noqa: E402
 from fd_core.ops.linear import QuantizedWeight  # noqa: E402
 from fd_core.quantization.weights import quantize_array, quantize_weight  # noqa: E402
 
@@ -42,7 +42,7 @@ def usable() -> None:
 @pytest.fixture(autouse=True)
 def switches_unset(monkeypatch: pytest.MonkeyPatch):
     for name in ("FD_X86_FUSED_LAYER", "FD_X86_FUSED_MOE_ATTENTION", "FD_X86_FUSED_MOE_RUN", "FD_X86_MOE_LAYER",
-                 "FD_X86_MOE_NATIVE"):
+                 "FD_X86_MOE_NATIVE", "FD_X86_PREFILL_INT8_ACT"):
         monkeypatch.delenv(name, raising=False)
     fused._enabled.cache_clear()
     fused._attention_only_enabled.cache_clear()
@@ -56,6 +56,13 @@ def x86_ops() -> Any:
     from fd_core.backends import get_backend
 
     return get_backend("x86").ops
+
+
+@pytest.fixture(scope="module")
+def ref_ops() -> Any:
+    from fd_core.backends import get_backend
+
+    return get_backend("cpu").ops
 
 
 def _block(method: str, shared_method: str | None, bias: bool, seed: int) -> MoELayerWeights:
@@ -146,7 +153,7 @@ def test_a_run_may_end_with_a_moe_layer_and_begin_with_one(x86_ops: Any, monkeyp
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def test_a_block_the_moe_op_declines_declines_the_run(x86_ops: Any) -> None:
+def test_a_block_the_moe_op_declines_declines_the_run(x86_ops: Any, ref_ops: Any) -> None:
     """Unquantized experts (fd_x86_moe_layer has no kernel for them): the op
     declines the whole run, and Ops runs it split (the composition)."""
     block = _block("wint8", "wint8", True, seed=3)
@@ -161,7 +168,9 @@ def test_a_block_the_moe_op_declines_declines_the_run(x86_ops: Any) -> None:
     k2, v2 = step.caches()
     assert fused.decoder_layers(layers, hidden, residual, step.cos_sin, step.meta(), [k, k2], [v, v2]) is None
     out = _run(layers, step, x86_ops.decoder_layers)
-    assert np.isfinite(out[0].numpy()).all()
+    want = _run(layers, step, lambda *args: compose_decoder_layers(ref_ops, *args))
+    for a, b in zip(out, want, strict=True):  # the reference's numerics (wint8: the same codes)
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_the_op_checks_its_layer_kinds() -> None:
@@ -234,3 +243,74 @@ def test_the_moe_model_runs_its_whole_stack_in_one_call(
     assert answered and ["dense", "moe", "moe"] not in answered
     assert tokens == want_tokens
     np.testing.assert_array_equal(np.asarray(logprobs), np.asarray(want_logprobs))
+
+
+def test_the_moe_switches_are_read_on_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run cached while the MoE ops were on is declined once FD_X86_MOE_LAYER=0 (or
+    FD_X86_MOE_NATIVE=0) is set, and taken again after: the same layers and caches each call,
+    as the engine's steps give them."""
+    layers = [_layer("wint8"), _moe_layer("wint8", _block("wint8", "wint8", True, seed=11))]
+    step = _step(1, True, seed=13)
+    caches = [step.caches() for _ in layers]
+    ks, vs = [c[0] for c in caches], [c[1] for c in caches]
+
+    def call() -> Any:
+        return fused.decoder_layers(layers, *step.inputs(), step.cos_sin, step.meta(), ks, vs)
+
+    assert call() is not None
+    for name in ("FD_X86_MOE_LAYER", "FD_X86_MOE_NATIVE", "FD_X86_FUSED_MOE_RUN"):
+        monkeypatch.setenv(name, "0")
+        assert call() is None, name
+        monkeypatch.delenv(name)
+        assert call() is not None, name
+
+
+def test_every_moe_check_runs_before_a_cache_is_written() -> None:
+    """A block whose down projection holds fewer experts than its router and up_gate: the op
+    raises (a Python error, not an abort) and no layer's cache has been written."""
+    block = _block("wint8", "wint8", True, seed=15)
+    up, down = block.quant
+    short = QuantizedWeight(down.method, down.qweight[:4], down.scales[:4], down.in_features, down.out_features,
+                            down.group_size)
+    layers = [_layer("wint8"), _moe_layer("wint8", replace(block, quant=(up, short)))]
+    step = _step(2, True, seed=17)
+    caches = [step.caches() for _ in layers]
+    before = [c.numpy().copy() for pair in caches for c in pair]
+    with pytest.raises(Exception, match="down qweight is"):
+        fused.decoder_layers(layers, *step.inputs(), step.cos_sin, step.meta(), [c[0] for c in caches],
+                             [c[1] for c in caches])
+    for c, b in zip((c for pair in caches for c in pair), before, strict=True):
+        np.testing.assert_array_equal(c.numpy(), b)
+
+
+def test_a_reassigned_expert_tensor_is_seen(x86_ops: Any) -> None:
+    """The MoE entry is checked by identity on every tensor it reads: scales reassigned on the
+    same QuantizedWeight objects change the run's output (moe_layer's too)."""
+    block = _block("wint8", "wint8", True, seed=19)
+    layers = [_layer("wint8"), _moe_layer("wint8", block)]
+    step = _step(1, True, seed=21)
+    first = _run(layers, step, fused.decoder_layers)[0].numpy()
+    down, shared_down = block.quant[1], block.shared_down
+    down.scales = down.scales * 2
+    shared_down.scales = shared_down.scales * 2
+    second = _run(layers, step, fused.decoder_layers)[0].numpy()
+    assert not np.allclose(first, second)
+    np.testing.assert_allclose(second, first * 2, rtol=1e-5, atol=1e-5)  # the block's output doubles
+
+
+@pytest.mark.parametrize("method,shared", [("wint8", "wint8"), ("wint4", "wint8")])
+def test_prefill_sized_rows_with_int8_activations_equal_the_split_run(
+    x86_ops: Any, monkeypatch: pytest.MonkeyPatch, method: str, shared: str
+) -> None:
+    """40 decode rows with FD_X86_PREFILL_INT8_ACT=1 (the experts' opt-in int8 activations at 32+
+    rows), and a run [MoE, dense, attention half]: bit-equal to the split run."""
+    monkeypatch.setenv("FD_X86_PREFILL_INT8_ACT", "1")
+    dense = _layer(method)
+    half = replace(_layer(method), up_gate=None, down=None)
+    layers = [_moe_layer(method, _block(method, shared, True, seed=23)), dense, half]
+    step = _step(40, True, seed=25)
+    got = _run(layers, step, x86_ops.decoder_layers)
+    monkeypatch.setenv("FD_X86_FUSED_MOE_RUN", "0")
+    want = _run(layers, step, x86_ops.decoder_layers)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -30,6 +30,13 @@ paddle::Tensor moe_forward(const paddle::Tensor& x, const int64_t* ids, const fl
                            int up_group, int down_group, int isa, int threads, const MoeSharedArgs* shared,
                            int64_t int8_act_rows = 0);
 
+// moe_forward's checks of the experts (and the shared expert) for inputs of
+// width D, alone: a caller that must check before it writes anything (the
+// decoder-layers op, before its KV-cache stores) runs them first.
+void moe_experts_check(int64_t D, const paddle::Tensor& up_qweight, const paddle::Tensor& up_scales,
+                       const paddle::Tensor& down_qweight, const paddle::Tensor& down_scales, int method,
+                       int up_group, int down_group, const MoeSharedArgs* shared);
+
 // The reference routing of one token: probs = softmax(logits [E]); the
 // top_k experts by probs + bias (bias may be null), descending, lower id
 // first on ties, weighted by probs; with renormalize divided by
@@ -53,8 +60,8 @@ struct MoeLayerArgs {
   int shared_method, shared_up_group, shared_down_group, isa;
 };
 
-// The router's, the bias's, top_k's and the shared method's checks, for
-// inputs of width D (the experts' own are moe_forward's, when it runs).
+// Every check of the layer for inputs of width D: the router's, the bias's,
+// top_k's, the shared method's and the experts' (moe_experts_check).
 void moe_layer_check(const char* op, int64_t D, const MoeLayerArgs& a);
 
 // out [T, D] for x fp32 [T, D] (contiguous, checked by the caller, as the

@@ -46,6 +46,18 @@ void router_logits(const float* x, int64_t T, int64_t D, const float* gate, int6
   }
 }
 
+fdx86::MoeSharedArgs shared_args(const fdx86::MoeLayerArgs& a) {
+  fdx86::MoeSharedArgs shared;
+  shared.method = a.shared_method;
+  shared.up_qweight = a.shared_up_qweight;
+  shared.up_scales = a.shared_up_scales;
+  shared.down_qweight = a.shared_down_qweight;
+  shared.down_scales = a.shared_down_scales;
+  shared.up_group = a.shared_up_group;
+  shared.down_group = a.shared_down_group;
+  return shared;
+}
+
 }  // namespace
 
 void fdx86::moe_layer_check(const char* op, int64_t D, const MoeLayerArgs& a) {
@@ -63,6 +75,9 @@ void fdx86::moe_layer_check(const char* op, int64_t D, const MoeLayerArgs& a) {
   if (a.has_shared)
     PD_CHECK((a.shared_method >= 0 && a.shared_method <= 2) || a.shared_method == fdx86::kMoeW4a8, op,
              ": shared_method must be 0 (wint8), 1 (wint4), 2 (w8a8) or 5 (w4a8), got ", a.shared_method);
+  const fdx86::MoeSharedArgs shared = shared_args(a);
+  fdx86::moe_experts_check(D, *a.up_qweight, *a.up_scales, *a.down_qweight, *a.down_scales, a.method, a.up_group,
+                           a.down_group, a.has_shared ? &shared : nullptr);
 }
 
 paddle::Tensor fdx86::moe_layer_run(const paddle::Tensor& x, const MoeLayerArgs& a, int threads, int int8_act_rows) {
@@ -77,16 +92,7 @@ paddle::Tensor fdx86::moe_layer_run(const paddle::Tensor& x, const MoeLayerArgs&
   for (int64_t t = 0; t < T; ++t)
     fdx86::moe_route_row(logits.data() + t * E, E, b, top_k, a.renormalize, a.norm_min, w.data() + t * top_k,
                          ids.data() + t * top_k, probs.data(), score.data(), idx.data());
-  fdx86::MoeSharedArgs shared;
-  if (a.has_shared) {
-    shared.method = a.shared_method;
-    shared.up_qweight = a.shared_up_qweight;
-    shared.up_scales = a.shared_up_scales;
-    shared.down_qweight = a.shared_down_qweight;
-    shared.down_scales = a.shared_down_scales;
-    shared.up_group = a.shared_up_group;
-    shared.down_group = a.shared_down_group;
-  }
+  const fdx86::MoeSharedArgs shared = shared_args(a);
   return fdx86::moe_forward(x, ids.data(), w.data(), top_k, *a.up_qweight, *a.up_scales, *a.down_qweight,
                             *a.down_scales, a.method, a.up_group, a.down_group, a.isa, threads,
                             a.has_shared ? &shared : nullptr, int8_act_rows);

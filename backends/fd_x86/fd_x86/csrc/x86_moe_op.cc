@@ -328,42 +328,70 @@ void moe_few_tokens(const float* x, int64_t T, const int64_t* order, const int64
 
 }  // namespace
 
+namespace {
+
+// The experts' (and the shared expert's) checks for inputs of width D, and their views.
+struct Experts {
+  std::unique_ptr<Stacked> up, down, sh_up, sh_down;
+};
+
+Experts checked_experts(int64_t D, const paddle::Tensor& up_qweight, const paddle::Tensor& up_scales,
+                        const paddle::Tensor& down_qweight, const paddle::Tensor& down_scales, int method,
+                        int up_group, int down_group, const fdx86::MoeSharedArgs* shared) {
+  const char* op = "fd_x86_moe_experts";
+  PD_CHECK(contract_method(method) || fdx86::moe_offline_method(method), op,
+           ": method must be 0 (wint8), 1 (wint4), 2 (w8a8), 3 (w4a8_static), 4 (wint2) or 5 (w4a8), got ", method);
+  // checked here, not only in the kernels' callers: the few-token path runs them inside an OpenMP
+  // region, which an exception cannot leave (the process would abort instead of raising)
+  PD_CHECK(!(method == kW4a8 || (shared != nullptr && shared->method == kW4a8) || fdx86::moe_offline_method(method)) ||
+               fdx86::cpu_has_avx512_vnni(),
+           op, ": the w4a8 / w4a8_static / wint2 expert kernels need AVX-512 VNNI, which this CPU lacks");
+  Experts ex;
+  ex.up = std::make_unique<Stacked>("up_gate", up_qweight, up_scales, method, D, up_group);
+  const Stacked& up = *ex.up;
+  PD_CHECK(up.N % 2 == 0, op, ": up_gate has an odd number of outputs (", up.N, "), expected 2 * I");
+  ex.down = std::make_unique<Stacked>("down", down_qweight, down_scales, method, up.N / 2, down_group);
+  const Stacked& down = *ex.down;
+  PD_CHECK(down.E == up.E && down.N == D, op, ": down qweight is [", down.E, ", ", down.N, ", ...], expected [", up.E,
+           ", ", D, ", ...]");
+  // the shared expert: one more "expert" of every token, weight 1, added after the routed sum
+  if (shared != nullptr) {
+    ex.sh_up = std::make_unique<Stacked>("shared up_gate", *shared->up_qweight, *shared->up_scales, shared->method, D,
+                                         shared->up_group, true);
+    PD_CHECK(ex.sh_up->N % 2 == 0, op, ": shared up_gate has an odd number of outputs (", ex.sh_up->N,
+             "), expected 2 * I");
+    ex.sh_down = std::make_unique<Stacked>("shared down", *shared->down_qweight, *shared->down_scales, shared->method,
+                                           ex.sh_up->N / 2, shared->down_group, true);
+    PD_CHECK(ex.sh_down->N == D, op, ": shared down has ", ex.sh_down->N, " outputs, expected D = ", D);
+  }
+  return ex;
+}
+
+}  // namespace
+
+void fdx86::moe_experts_check(int64_t D, const paddle::Tensor& up_qweight, const paddle::Tensor& up_scales,
+                              const paddle::Tensor& down_qweight, const paddle::Tensor& down_scales, int method,
+                              int up_group, int down_group, const MoeSharedArgs* shared) {
+  checked_experts(D, up_qweight, up_scales, down_qweight, down_scales, method, up_group, down_group, shared);
+}
+
 paddle::Tensor fdx86::moe_forward(const paddle::Tensor& x, const int64_t* ids, const float* tw, int64_t k,
                                   const paddle::Tensor& up_qweight, const paddle::Tensor& up_scales,
                                   const paddle::Tensor& down_qweight, const paddle::Tensor& down_scales, int method,
                                   int up_group, int down_group, int isa, int threads, const MoeSharedArgs* shared,
                                   int64_t int8_act_rows) {
   const char* op = "fd_x86_moe_experts";
-  PD_CHECK(contract_method(method) || moe_offline_method(method), op,
-           ": method must be 0 (wint8), 1 (wint4), 2 (w8a8), 3 (w4a8_static), 4 (wint2) or 5 (w4a8), got ", method);
   PD_CHECK(x.is_cpu() && x.dtype() == paddle::DataType::FLOAT32 && x.shape().size() == 2 && x.is_contiguous(), op,
            ": x must be contiguous float32 [T, D] on the CPU");
   const int64_t T = x.shape()[0], D = x.shape()[1];
   const bool avx512 = moe_use_avx512(isa);
-  // checked here, not only in the kernels' callers: the few-token path runs them inside an OpenMP
-  // region, which an exception cannot leave (the process would abort instead of raising)
-  PD_CHECK(!(method == kW4a8 || (shared != nullptr && shared->method == kW4a8) || moe_offline_method(method)) ||
-               cpu_has_avx512_vnni(),
-           op, ": the w4a8 / w4a8_static / wint2 expert kernels need AVX-512 VNNI, which this CPU lacks");
-  const Stacked up("up_gate", up_qweight, up_scales, method, D, up_group);
-  PD_CHECK(up.N % 2 == 0, op, ": up_gate has an odd number of outputs (", up.N, "), expected 2 * I");
-  const int64_t I = up.N / 2;
-  const Stacked down("down", down_qweight, down_scales, method, I, down_group);
-  PD_CHECK(down.E == up.E && down.N == D, op, ": down qweight is [", down.E, ", ", down.N, ", ...], expected [", up.E,
-           ", ", D, ", ...]");
-  const int64_t E = up.E;
+  const Experts ex = checked_experts(D, up_qweight, up_scales, down_qweight, down_scales, method, up_group,
+                                     down_group, shared);
+  const Stacked &up = *ex.up, &down = *ex.down;
+  const Stacked* sh_up = ex.sh_up.get();
+  const Stacked* sh_down = ex.sh_down.get();
+  const int64_t I = up.N / 2, E = up.E;
   threads = threads < 1 ? 1 : threads;
-  // the shared expert: one more "expert" of every token, weight 1, added after the routed sum
-  std::unique_ptr<Stacked> sh_up, sh_down;
-  if (shared != nullptr) {
-    sh_up = std::make_unique<Stacked>("shared up_gate", *shared->up_qweight, *shared->up_scales, shared->method, D,
-                                      shared->up_group, true);
-    PD_CHECK(sh_up->N % 2 == 0, op, ": shared up_gate has an odd number of outputs (", sh_up->N,
-             "), expected 2 * I");
-    sh_down = std::make_unique<Stacked>("shared down", *shared->down_qweight, *shared->down_scales, shared->method,
-                                        sh_up->N / 2, shared->down_group, true);
-    PD_CHECK(sh_down->N == D, op, ": shared down has ", sh_down->N, " outputs, expected D = ", D);
-  }
 
   paddle::Tensor out = paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   float* od = out.data<float>();
@@ -386,8 +414,8 @@ paddle::Tensor fdx86::moe_forward(const paddle::Tensor& x, const int64_t* ids, c
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
     for (int64_t i = 0; i < T * k; ++i) order[fill[ids[i]]++] = i;
   }
-  if (T <= kFewTokens && !scratch.int8_act && few_tokens_fit(method, I, D, sh_up.get(), shared ? shared->method : 0)) {
-    moe_few_tokens(xd, T, order.data(), start.data(), tw, k, up, down, method, sh_up.get(), sh_down.get(),
+  if (T <= kFewTokens && !scratch.int8_act && few_tokens_fit(method, I, D, sh_up, shared ? shared->method : 0)) {
+    moe_few_tokens(xd, T, order.data(), start.data(), tw, k, up, down, method, sh_up, sh_down,
                    shared ? shared->method : 0, avx512, threads, od);
     return out;
   }
