@@ -189,7 +189,8 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, llama: Any) -> 
         kwargs = with_lm_head(config.engine_kwargs, args.lm_head)
         kwargs.setdefault("dtype", args.fd_dtype)
         print(f"loading fd-core {backend} {config.name}", flush=True)
-        rows.append(fdc.load(f"fd-core {backend} {config.name}", ckpt, backend, kwargs, max(args.batch), max_len))
+        rows.append(fdc.load(f"fd-core {backend} {config.name}", ckpt, backend, kwargs, max(args.batch), max_len,
+                             config.env))
     llama_decode: dict[str, dict[int, list[float]]] = {q: {} for q in ggufs}
     llama_prefill: dict[str, list[float]] = {q: [] for q in ggufs}
     for r in range(args.rounds):
@@ -225,8 +226,9 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, llama: Any) -> 
         "title": shape.title,
         "llama": {q: {"decode": {b: fdc.median(v) for b, v in llama_decode[q].items()},
                       "prefill": fdc.median(llama_prefill[q]), "gguf": str(ggufs[q])} for q in ggufs},
-        "fd": [{"label": row.label, "pair": c.pair, "decode": {b: fdc.median(v) for b, v in row.decode.items()},
-                "prefill": fdc.median(row.prefill)} for row, c in zip(rows, shape.fd_configs)],
+        "fd": [{"label": row.label, "pair": c.pair, "env": c.env,
+                "decode": {b: fdc.median(v) for b, v in row.decode.items()}, "prefill": fdc.median(row.prefill)}
+               for row, c in zip(rows, shape.fd_configs)],
         "greedy": greedy,
     }
     for row in rows:

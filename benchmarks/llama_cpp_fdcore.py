@@ -8,14 +8,19 @@ user gets); a round's tok/s is B x steps / their total time, as
 llama-batched-bench counts (a median step would hide the slow steps a busy
 machine gives and llama.cpp's mean does not). Prefill is the wall
 time of the steps that take one fresh ``prefill_len``-token prompt to its
-first token (prefix caching off, so every round really prefills).
+first token (prefix caching off, so every round really prefills). A row's
+``env`` (e.g. ``FD_X86_PREFILL_INT8_ACT=1``, an fd_x86 switch read on every
+call) is set around each of its measurements only, so rows with and without
+it share the process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +28,7 @@ from typing import Any
 import numpy as np
 from quant_decode import Config, finish, start, timed_steps
 
-__all__ = ["FdRow", "greedy_tokens", "load", "measure_decode", "measure_prefill"]
+__all__ = ["FdRow", "environ", "greedy_tokens", "load", "measure_decode", "measure_prefill"]
 
 
 @dataclass
@@ -34,25 +39,48 @@ class FdRow:
     config: Config  # quant_decode's engine holder: its step helpers take it
     decode: dict[int, list[float]] = field(default_factory=dict)  # batch -> tok/s per round
     prefill: list[float] = field(default_factory=list)  # tok/s per round
+    env: dict[str, str] = field(default_factory=dict)  # set around this row's measurements
+
+
+@contextlib.contextmanager
+def environ(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in ``os.environ`` inside the block, the previous values after."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def load(label: str, checkpoint: Path, backend: str, engine_kwargs: dict[str, Any], max_batch: int,
-         max_len: int) -> FdRow:
-    """An in-process engine for ``checkpoint`` on ``backend`` with ``engine_kwargs`` (quantization, dtype)."""
+         max_len: int, env: dict[str, str] | None = None) -> FdRow:
+    """An in-process engine for ``checkpoint`` on ``backend`` with ``engine_kwargs`` (quantization, dtype);
+    ``env`` set around its measurements."""
     from fd_core import LLM
 
     blocks_per_seq = -(-(max_len + 16) // 64) + 1  # block_size 64 (the default)
     llm = LLM(str(checkpoint), backend=backend, max_model_len=max_len, max_num_seqs=max_batch,
               max_num_batched_tokens=max(2048, max_len), num_gpu_blocks_override=max_batch * blocks_per_seq + 16,
               enable_prefix_caching=False, **engine_kwargs)
-    row = FdRow(label, Config(backend, str(engine_kwargs.get("quantization")), llm))
-    start(row.config, 2, 16, 4)  # first-use costs: allocator, op builds, weight repacks
-    finish(row.config)
+    row = FdRow(label, Config(backend, str(engine_kwargs.get("quantization")), llm), env=dict(env or {}))
+    with environ(row.env):
+        start(row.config, 2, 16, 4)  # first-use costs: allocator, op builds, weight repacks
+        finish(row.config)
     return row
 
 
 def measure_decode(row: FdRow, batches: Sequence[int], prompt_len: int, steps: int) -> None:
     """One round: decode tok/s at each batch size, appended to ``row.decode``."""
+    with environ(row.env):
+        _measure_decode(row, batches, prompt_len, steps)
+
+
+def _measure_decode(row: FdRow, batches: Sequence[int], prompt_len: int, steps: int) -> None:
     for batch in batches:
         start(row.config, batch, prompt_len, steps + 4)
         timed_steps(row.config, batch, steps)
@@ -68,11 +96,12 @@ def measure_prefill(row: FdRow, prefill_len: int, seed: int) -> None:
     engine = row.config.llm.engine
     prompt = [int(t) for t in np.random.default_rng(1000 + seed).integers(100, 2000, prefill_len)]
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    begin = time.perf_counter()
-    engine.add_request(f"prefill-{seed}-{time.monotonic_ns()}", {"prompt_token_ids": prompt}, params)
-    while engine.has_unfinished_requests():
-        engine.step()
-    row.prefill.append(prefill_len / (time.perf_counter() - begin))
+    with environ(row.env):
+        begin = time.perf_counter()
+        engine.add_request(f"prefill-{seed}-{time.monotonic_ns()}", {"prompt_token_ids": prompt}, params)
+        while engine.has_unfinished_requests():
+            engine.step()
+        row.prefill.append(prefill_len / (time.perf_counter() - begin))
 
 
 def greedy_tokens(row: FdRow, prompts: Sequence[Sequence[int]], tokens: int) -> list[list[int]]:
@@ -80,7 +109,8 @@ def greedy_tokens(row: FdRow, prompts: Sequence[Sequence[int]], tokens: int) -> 
     from fd_core import SamplingParams
 
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
-    outs = row.config.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+    with environ(row.env):
+        outs = row.config.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 
 

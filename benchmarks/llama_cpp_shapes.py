@@ -33,6 +33,9 @@ _ALL_INT4_HEAD = json.dumps({**json.loads(_ALL_INT4), "lm_head_quant_type": "win
 _WINT8_HEAD = json.dumps({"quantization": "wint8", "lm_head_quant_type": "wint8"})
 _W8A8_HEAD = json.dumps({"quantization": "w8a8", "lm_head_quant_type": "w8a8"})
 _W4A8_HEAD = json.dumps({"quantization": "w4a8", "lm_head_quant_type": "w4a8"})
+# the opt-in int8-activation prefill (fd_x86: calls of 32+ rows, prefill chunks and B >= 32 decode steps,
+# run wint8 / wint4 linears and experts on per-token int8 activations; it changes numerics)
+_INT8_ACT = {"FD_X86_PREFILL_INT8_ACT": "1"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class FdConfig:
     name: str  # "wint8", "mix_quant all-int4", ...
     engine_kwargs: dict[str, Any]  # LLM(...) keywords: quantization, dtype
     pair: str  # the llama.cpp type of equal weight bits: "f32", "q8_0", "q4_0"
+    env: dict[str, str] = field(default_factory=dict)  # set around the row's measurements (fd_x86 switches)
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ _DENSE_ROWS = (
     FdConfig("wint8 + int8 head", {"quantization": _WINT8_HEAD}, "q8_0"),
     FdConfig("w8a8 + w8a8 head", {"quantization": _W8A8_HEAD}, "q8_0"),
     FdConfig("w4a8 + w4a8 head", {"quantization": _W4A8_HEAD}, "q4_0"),
+    FdConfig("all-int4, int8-act prefill", {"quantization": _ALL_INT4}, "q4_0", _INT8_ACT),
 )
 _MOE_ROWS = (
     FdConfig("wint8", {"quantization": "wint8"}, "q8_0"),
@@ -73,6 +78,8 @@ _MOE_ROWS = (
     FdConfig("mix_quant all-int4", {"quantization": _ALL_INT4}, "q4_0"),
     FdConfig("w4a8", {"quantization": "w4a8"}, "q4_0"),
     FdConfig("w4a8 + w4a8 head", {"quantization": _W4A8_HEAD}, "q4_0"),
+    FdConfig("wint4, int8-act prefill", {"quantization": "wint4"}, "q4_0", _INT8_ACT),
+    FdConfig("all-int4, int8-act prefill", {"quantization": _ALL_INT4}, "q4_0", _INT8_ACT),
 )
 _MOE_TITLE = ("mid-size MoE (hidden 1024, 4 layers: 1 dense + 3 MoE, 16 experts top-4, width 768, 1 shared)")
 SHAPES: dict[str, Shape] = {

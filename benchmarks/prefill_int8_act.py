@@ -4,8 +4,9 @@ against the default fp32-activation prefill and w8a8, in one run.
 On the generated ERNIE-4.5-0.3B shape (x86 backend, ``--dtype auto``, float
 LM head, prefix caching off), for wint8, ``mix_quant`` all-int4 and w8a8
 (``--shape mid-moe``: ``benchmarks/moe_decode.py``'s mid-size MoE with
-wint8, wint4 = experts int4 and the rest int8, and w8a8; its int4 experts
-keep fp32 activations, the opt-in covers its wint8 linears):
+wint8, wint4 = experts int4 and the rest int8, ``mix_quant`` all-int4 and
+w8a8; since session 12 the opt-in covers its int4 experts too, on w4a8's
+kernel):
 
 - prefill tok/s of one fresh ``--prefill-len`` (512) token prompt, from
   adding it to its first token; wint8 and int4 each with the switch off
@@ -50,7 +51,8 @@ SHAPES: dict[str, dict[str, tuple[Any, str]]] = {
     "0.3b": {"wint8": ("wint8", "0"), "wint8 int8-act": ("wint8", "1"), "int4": (INT4, "0"),
              "int4 int8-act": (INT4, "1"), "w8a8": ("w8a8", "0")},
     "mid-moe": {"wint8": ("wint8", "0"), "wint8 int8-act": ("wint8", "1"), "wint4": ("wint4", "0"),
-                "wint4 int8-act": ("wint4", "1"), "w8a8": ("w8a8", "0")},
+                "wint4 int8-act": ("wint4", "1"), "all-int4": (INT4, "0"), "all-int4 int8-act": (INT4, "1"),
+                "w8a8": ("w8a8", "0")},
 }
 
 

@@ -131,3 +131,16 @@ def test_fp32_against_f32_must_agree():
     assert script.fp32_mismatches(script.greedy_report(fd, {"f32": [[1, 2, 3]], "q8_0": [[9]]})) == []
     report = script.greedy_report(fd, {"f32": [[1, 2, 7]], "q8_0": [[1, 2, 4]]})
     assert script.fp32_mismatches(report) == ["fd fp32 vs llama.cpp f32"]  # quantized pairs may drift
+
+
+def test_a_rows_env_is_set_around_its_measurements_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    fdcore = _load("llama_cpp_fdcore")
+    monkeypatch.delenv("FD_X86_PREFILL_INT8_ACT", raising=False)
+    monkeypatch.setenv("FD_BENCH_KEPT", "before")
+    with fdcore.environ({"FD_X86_PREFILL_INT8_ACT": "1", "FD_BENCH_KEPT": "inside"}):
+        assert os.environ["FD_X86_PREFILL_INT8_ACT"] == "1" and os.environ["FD_BENCH_KEPT"] == "inside"
+    assert "FD_X86_PREFILL_INT8_ACT" not in os.environ and os.environ["FD_BENCH_KEPT"] == "before"
+    opt_in = [c for s in ("0.3b", "mid-moe") for c in shapes.SHAPES[s].fd_configs if c.env]
+    assert opt_in and all(c.env == {"FD_X86_PREFILL_INT8_ACT": "1"} and c.pair == "q4_0" for c in opt_in)

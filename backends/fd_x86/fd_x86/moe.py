@@ -38,7 +38,8 @@ so writes into them need no invalidation. ``FD_X86_MOE_LAYER=0`` turns
 only this op off (A/B comparisons). With ``FD_X86_PREFILL_INT8_ACT=1``
 (``fd_x86.linear``'s opt-in) calls of at least ``PREFILL_INT8_MIN_ROWS``
 tokens run their wint8 experts and shared expert on int8 activations (w8a8's
-kernel on the same weights); wint4 experts keep fp32 activations.
+kernel on the same weights), and their wint4 ones too (w4a8's kernel on the
+same weights, where it takes them: VNNI, inputs and groups multiples of 128).
 
 ``select_experts`` is fd-core's reference routing
 (``fd_core.ops.moe.reference_moe_select_experts``: softmax, selection by

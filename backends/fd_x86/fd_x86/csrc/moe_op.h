@@ -23,7 +23,8 @@ struct MoeSharedArgs {
 // int8_act_rows > 0 (opt-in, fd_x86.linear's FD_X86_PREFILL_INT8_ACT): in a
 // call of at least that many tokens, wint8 linears (the experts', the shared
 // expert's) quantize their inputs per token and run w8a8's VNNI kernel on
-// the same weight (AVX-512 only).
+// the same weight (AVX-512 only), and wint4 ones w4a8's (VNNI; inputs and
+// groups multiples of 128: w4a8 stores wint4's layout).
 paddle::Tensor moe_forward(const paddle::Tensor& x, const int64_t* ids, const float* tw, int64_t k,
                            const paddle::Tensor& up_qweight, const paddle::Tensor& up_scales,
                            const paddle::Tensor& down_qweight, const paddle::Tensor& down_scales, int method,

@@ -134,7 +134,7 @@ struct Scratch {
   std::vector<int8_t> xq;
   std::vector<float> xscale;
   std::vector<int32_t> xsum;
-  bool int8_act = false;  // wint8 linears take int8 activations (the opt-in prefill path)
+  bool int8_act = false;  // wint8 / wint4 linears take int8 activations (the opt-in prefill path)
   fdx86::W4a8Scratch w4a8;
 };
 
@@ -150,6 +150,10 @@ void expert_linear(const Stacked& s, int64_t e, const float* x, int64_t M, float
   a.scales = s.scales + e * s.N * s.groups;
   a.out = out;
   a.threads = threads;
+  if (method == kWint4 && avx512 && scratch->int8_act && s.K % 128 == 0 && s.group_size % 128 == 0 &&
+      s.K % s.group_size == 0 && fdx86::cpu_has_avx512_vnni()) {
+    method = kW4a8;  // opt-in: int8 activations on the same weight (w4a8 stores wint4's layout)
+  }
   if (method == kW4a8) {  // x86_offline_op.cc: per-token int8 activations, VNNI
     fdx86::w4a8_linear(static_cast<const uint8_t*>(a.w), a.scales, x, M, s.N, s.K, s.group_size, out, threads,
                        &scratch->w4a8);
