@@ -6,16 +6,17 @@ layers (1 dense + 3 MoE), 16 experts top-4, expert width 768, 1 shared
 expert, 16 heads x 64 (2 KV heads); generated once under ``checkpoints/``.
 For each ``--quantization`` (wint8 / wint4: experts int4, the rest int8)
 it builds one runner, prefills B prompts, then alternates timed runs of
-decode steps over four paths (``--paths`` picks some): ``FD_X86_MOE_NATIVE=0``
+decode steps over five paths (``--paths`` picks some): ``FD_X86_MOE_NATIVE=0``
 (the per-expert path: ``fd_core.ops.moe.grouped_experts`` over the
 contract-layout linears), ``FD_X86_MOE_LAYER=0`` (the native ops: router
 linear, ``fd_x86_moe_select``, ``fd_x86_moe_experts_shared``: three calls
 per MoE layer), ``fd_x86_moe_layer`` (one call per MoE layer, the routing
 inside), these three with each MoE layer's attention half op by op (the
 model's MoE layers unfused, as before they ran it through
-``Ops.decoder_layers``), and the default: the layer op after the attention
-half in one ``fd_x86_decoder_layers`` call (with the dense layer before it,
-if any). Each
+``Ops.decoder_layers``), the layer op after the attention half in one
+``fd_x86_decoder_layers`` call (with the dense layer before it, if any:
+``fused``), and the default, ``run``: the MoE blocks inside the fused run,
+the whole stack one ``fd_x86_decoder_layers`` call a step. Each
 number is the median (and the fastest) of ``--repeats`` runs of ``--steps``
 steps; the paths' runs alternate, so load from other processes falls on all
 of them.
@@ -30,6 +31,7 @@ op's time against them at the read bandwidth measured right then.
     python benchmarks/moe_decode.py                       # wint8 wint4, B = 1 8
     python benchmarks/moe_decode.py --quantization wint4 --batch 1 --profile
     python benchmarks/moe_decode.py --paths layer fused     # the MoE layers' attention half fused or not
+    python benchmarks/moe_decode.py --paths fused run --quantization w4a8   # the MoE blocks in the fused run or not
     python benchmarks/moe_decode.py --paths fused loop --quantization wint4 \
         --checkpoint ~/.cache/fd_core/ernie21b/bf16      # a step's MoE tokens in one region or expert by expert
     python benchmarks/moe_decode.py --call-overhead      # per-call cost of one MoE layer, tiny weights
@@ -195,7 +197,7 @@ def run(args: argparse.Namespace) -> None:
             print(f"{method:6s} B={batch:<3d} " + "  ".join(
                 f"{MODES[m]} {med[m]:6.2f} ms/step ({batch * 1e3 / med[m]:6.1f} tok/s)" for m in modes), flush=True)
             print(f"           load average {os.getloadavg()[0]:.1f}", flush=True)
-            for slow, fast in (("ops", "layer"), ("0", "layer"), ("layer", "fused")):
+            for slow, fast in (("ops", "layer"), ("0", "layer"), ("layer", "fused"), ("fused", "run")):
                 if slow in med and fast in med:
                     print(f"           {MODES[fast]} vs {MODES[slow]}: {med[slow] / med[fast]:.3f}x (fastest runs "
                           f"{best[slow] / best[fast]:.3f}x)", flush=True)
@@ -230,17 +232,19 @@ def run(args: argparse.Namespace) -> None:
 # attention half op by op (the MoE layers unfused); everything on (the default)
 MODES = {"0": "per-expert path", "ops": "native ops", "layer": "layer op",
          "fused": "layer op + fused attention",
+         "run": "MoE block in the fused run",
          "loop": "the same, a step's tokens expert by expert (FD_X86_MOE_FEW_TOKENS=0)"}
 
 
 def _set_mode(mode: str, model: Any = None) -> None:
     os.environ["FD_X86_MOE_NATIVE"] = "0" if mode == "0" else "1"
-    os.environ["FD_X86_MOE_LAYER"] = "1" if mode in ("layer", "fused", "loop") else "0"
+    os.environ["FD_X86_MOE_LAYER"] = "1" if mode in ("layer", "fused", "run", "loop") else "0"
     os.environ["FD_X86_MOE_FEW_TOKENS"] = "0" if mode == "loop" else "1"
+    os.environ["FD_X86_FUSED_MOE_RUN"] = "1" if mode in ("run", "loop") else "0"
     if model is not None:
         for layer in model.layers:
             if not layer.is_dense:
-                layer.fused = mode in ("fused", "loop")
+                layer.fused = mode in ("fused", "run", "loop")
         model._runs = model._plan_runs()
 
 
