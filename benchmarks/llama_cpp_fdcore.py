@@ -46,8 +46,8 @@ class FdRow:
 def environ(env: dict[str, str]) -> Iterator[None]:
     """``env`` in ``os.environ`` inside the block, the previous values after."""
     saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
+        os.environ.update(env)
         yield
     finally:
         for k, v in saved.items():

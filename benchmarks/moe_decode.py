@@ -32,11 +32,11 @@ op's time against them at the read bandwidth measured right then.
     python benchmarks/moe_decode.py --quantization wint4 --batch 1 --profile
     python benchmarks/moe_decode.py --paths layer fused     # the MoE layers' attention half fused or not
     python benchmarks/moe_decode.py --paths fused run --quantization w4a8   # the MoE blocks in the fused run or not
-    python benchmarks/moe_decode.py --paths fused loop --quantization wint4 \
+    python benchmarks/moe_decode.py --paths run loop --quantization wint4 \
         --checkpoint ~/.cache/fd_core/ernie21b/bf16      # a step's MoE tokens in one region or expert by expert
     python benchmarks/moe_decode.py --call-overhead      # per-call cost of one MoE layer, tiny weights
 
-``loop`` is the default path with ``FD_X86_MOE_FEW_TOKENS=0``: a decode
+``loop`` is the default path (``run``) with ``FD_X86_MOE_FEW_TOKENS=0``: a decode
 step's few tokens run expert by expert (a parallel region per linear), as
 before they ran in one region (``x86_moe_op.cc`` ``moe_few_tokens``).
 ``--checkpoint`` times another ERNIE MoE checkpoint instead of the mid-size one.
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> None:
             print(f"{method:6s} B={batch:<3d} " + "  ".join(
                 f"{MODES[m]} {med[m]:6.2f} ms/step ({batch * 1e3 / med[m]:6.1f} tok/s)" for m in modes), flush=True)
             print(f"           load average {os.getloadavg()[0]:.1f}", flush=True)
-            for slow, fast in (("ops", "layer"), ("0", "layer"), ("layer", "fused"), ("fused", "run")):
+            for slow, fast in (("ops", "layer"), ("0", "layer"), ("layer", "fused"), ("fused", "run"), ("loop", "run")):
                 if slow in med and fast in med:
                     print(f"           {MODES[fast]} vs {MODES[slow]}: {med[slow] / med[fast]:.3f}x (fastest runs "
                           f"{best[slow] / best[fast]:.3f}x)", flush=True)

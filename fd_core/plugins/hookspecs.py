@@ -265,8 +265,9 @@ def fd_decoder_layers(
     ``up_gate`` / ``down`` None), anywhere in the run: the layer then runs
     whole, the block on its post-attention-normed stream. Such runs go only
     to plugins that declare ``FD_DECODER_LAYERS_MOE = True`` (as
-    ``FD_DECODER_LAYERS_ATTENTION_ONLY`` for attention-only runs); for the
-    rest ``Ops`` splits the run at its MoE layers.
+    ``FD_DECODER_LAYERS_ATTENTION_ONLY`` for attention-only runs; one that
+    ends attention only, to plugins that declare both); for the rest ``Ops``
+    splits the run at its MoE layers.
     ``k_caches`` / ``v_caches`` the layers' caches in the same order. ``hidden [T, D]`` and ``residual``
     (None before the model's first layer) are the residual stream as the
     model carries it. Must equal ``fd_core.ops.decoder.compose_decoder_layers``,

@@ -207,6 +207,7 @@ def _entry(gate: Any, correction_bias: Any, quant: Any, shared_up_gate: Any, sha
 
 
 def _tensors(weight: Any) -> tuple[Any, Any]:
+    """A QuantizedWeight's (qweight, scales), or (None, None) for a missing shared expert."""
     return (getattr(weight, "qweight", None), getattr(weight, "scales", None))
 
 

@@ -200,6 +200,15 @@ def test_the_op_checks_its_layer_kinds() -> None:
         args[kinds] = bad
         with pytest.raises(Exception, match=message):
             real(*args)
+    # a bad MoE attribute (the isa code, its 11th int) raises before any cache is written
+    args[kinds] = [0, 2]
+    before = [c.numpy().copy() for pair in caches for c in pair]
+    args[-3] = [*args[-3][:10], 3]
+    args[0] = args[0] * 2  # other k / v values than the cache holds: a store would show
+    with pytest.raises(Exception, match="isa must be"):
+        real(*args)
+    for c, b in zip((c for pair in caches for c in pair), before, strict=True):
+        np.testing.assert_array_equal(c.numpy(), b)
 
 
 @pytest.mark.parametrize("quantization", ["wint8", "wint4", "w8a8"])
@@ -309,8 +318,21 @@ def test_prefill_sized_rows_with_int8_activations_equal_the_split_run(
     half = replace(_layer(method), up_gate=None, down=None)
     layers = [_moe_layer(method, _block(method, shared, True, seed=23)), dense, half]
     step = _step(40, True, seed=25)
+    calls: list[int] = []
+    real = fused.load_ops().fd_x86_decoder_layers
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[-1])  # int8_act_rows
+        return real(*args)
+
+    monkeypatch.setattr(fused.load_ops(), "fd_x86_decoder_layers", counted)
     got = _run(layers, step, x86_ops.decoder_layers)
+    assert calls == [32]  # the whole run, its MoE blocks on int8 activations
     monkeypatch.setenv("FD_X86_FUSED_MOE_RUN", "0")
     want = _run(layers, step, x86_ops.decoder_layers)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+    monkeypatch.delenv("FD_X86_FUSED_MOE_RUN")
+    monkeypatch.delenv("FD_X86_PREFILL_INT8_ACT")
+    fp32 = _run(layers, step, x86_ops.decoder_layers)
+    assert not np.array_equal(got[0].numpy(), fp32[0].numpy())  # the opt-in changed the experts' numerics

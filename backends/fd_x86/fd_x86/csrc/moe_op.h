@@ -62,7 +62,7 @@ struct MoeLayerArgs {
 };
 
 // Every check of the layer for inputs of width D: the router's, the bias's,
-// top_k's, the shared method's and the experts' (moe_experts_check).
+// top_k's, the isa's, the shared method's and the experts' (moe_experts_check).
 void moe_layer_check(const char* op, int64_t D, const MoeLayerArgs& a);
 
 // out [T, D] for x fp32 [T, D] (contiguous, checked by the caller, as the
