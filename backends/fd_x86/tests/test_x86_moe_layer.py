@@ -119,54 +119,34 @@ def _as_method(quant: QuantizedWeight, method: str) -> QuantizedWeight:
                            quant.group_size)
 
 
-def test_opt_in_int8_activations_run_wint8_as_w8a8_on_prefill_sized_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    """FD_X86_PREFILL_INT8_ACT=1: from PREFILL_INT8_MIN_ROWS tokens, wint8 experts and shared expert give
-    w8a8's results on the same weights (the formats are shared); fewer tokens keep fp32 activations."""
-    from fd_x86.linear import PREFILL_INT8_MIN_ROWS
-
-    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
-    monkeypatch.delenv("FD_X86_MOE_LAYER", raising=False)
-    rng = np.random.default_rng(3)
-    args = _layer("wint8", rng, "wint8")
-    names = ("gate", "correction_bias", "top_k", "renormalize", "norm_min", "quant", "shared_up_gate", "shared_down")
-    call = [args[k] for k in names]
-    as_w8a8 = call[:5] + [tuple(_as_method(q, "w8a8") for q in call[5]), _as_method(call[6], "w8a8"),
-                          _as_method(call[7], "w8a8")]
-    big = paddle.to_tensor(rng.standard_normal((PREFILL_INT8_MIN_ROWS + 3, D)).astype(np.float32))
-    small = big[:PREFILL_INT8_MIN_ROWS - 1]
-    monkeypatch.delenv("FD_X86_PREFILL_INT8_ACT", raising=False)
-    default_big, default_small = (fd_x86.moe.moe_layer(t, *call).numpy() for t in (big, small))
-    w8a8_big = fd_x86.moe.moe_layer(big, *as_w8a8).numpy()
-    monkeypatch.setenv("FD_X86_PREFILL_INT8_ACT", "1")
-    np.testing.assert_array_equal(fd_x86.moe.moe_layer(big, *call).numpy(), w8a8_big)
-    np.testing.assert_array_equal(fd_x86.moe.moe_layer(small, *call).numpy(), default_small)
-    assert not np.array_equal(w8a8_big, default_big)
-
-
-def test_opt_in_int8_activations_run_wint4_as_w4a8_on_prefill_sized_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    """FD_X86_PREFILL_INT8_ACT=1: from PREFILL_INT8_MIN_ROWS tokens, wint4 experts (group 128, a wint8
-    shared expert) give w4a8's results on the same weights (w4a8 stores wint4's layout); fewer tokens
-    keep fp32 activations."""
+@pytest.mark.parametrize("method,shared_method,as_experts,as_shared", [
+    ("wint8", "wint8", "w8a8", "w8a8"),  # w8a8's kernel on the same contract weights
+    ("wint4", "wint8", "w4a8", "w8a8"),  # w4a8's expert kernel on wint4's layout (group 128)
+])
+def test_opt_in_int8_activations_on_prefill_sized_calls(monkeypatch: pytest.MonkeyPatch, method: str,
+                                                        shared_method: str, as_experts: str, as_shared: str) -> None:
+    """FD_X86_PREFILL_INT8_ACT=1: from PREFILL_INT8_MIN_ROWS tokens, wint8 / wint4 experts and a wint8 shared
+    expert give the int8-activation method's results on the same weights (the formats are shared: w8a8 is
+    wint8's, w4a8 stores wint4's layout); fewer tokens keep fp32 activations."""
     from fd_x86.linear import PREFILL_INT8_MIN_ROWS
     from fd_x86.offline import available
 
-    if not available():
+    if as_experts == "w4a8" and not available():
         pytest.skip("the w4a8 expert kernel needs AVX-512 VNNI")
     monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
     monkeypatch.delenv("FD_X86_MOE_LAYER", raising=False)
-    rng = np.random.default_rng(5)
-    args = _layer("wint4", rng, "wint8")
-    assert args["quant"][0].group_size == 128
+    rng = np.random.default_rng(3 if method == "wint8" else 5)
+    args = _layer(method, rng, shared_method)
     names = ("gate", "correction_bias", "top_k", "renormalize", "norm_min", "quant", "shared_up_gate", "shared_down")
     call = [args[k] for k in names]
-    as_w8a8 = [_as_method(call[6], "w8a8"), _as_method(call[7], "w8a8")]
-    as_w4a8 = call[:5] + [tuple(_as_method(q, "w4a8") for q in call[5]), *as_w8a8]
+    converted = call[:5] + [tuple(_as_method(q, as_experts) for q in call[5]), _as_method(call[6], as_shared),
+                            _as_method(call[7], as_shared)]
     big = paddle.to_tensor(rng.standard_normal((PREFILL_INT8_MIN_ROWS + 3, D)).astype(np.float32))
     small = big[:PREFILL_INT8_MIN_ROWS - 1]
     monkeypatch.delenv("FD_X86_PREFILL_INT8_ACT", raising=False)
     default_big, default_small = (fd_x86.moe.moe_layer(t, *call).numpy() for t in (big, small))
-    w4a8_big = fd_x86.moe.moe_layer(big, *as_w4a8).numpy()
+    int8_big = fd_x86.moe.moe_layer(big, *converted).numpy()
     monkeypatch.setenv("FD_X86_PREFILL_INT8_ACT", "1")
-    np.testing.assert_array_equal(fd_x86.moe.moe_layer(big, *call).numpy(), w4a8_big)
+    np.testing.assert_array_equal(fd_x86.moe.moe_layer(big, *call).numpy(), int8_big)
     np.testing.assert_array_equal(fd_x86.moe.moe_layer(small, *call).numpy(), default_small)
-    assert not np.array_equal(w4a8_big, default_big)
+    assert not np.array_equal(int8_big, default_big)
