@@ -100,6 +100,13 @@ class Ops:
             resolve(pm.subset_hook_caller("fd_decoder_layers", remove_plugins=[*no_moe, *older])) if moe_half
             and fuse_layers else None)
 
+    @property
+    def fuses_moe_runs(self) -> bool:
+        """Whether a plugin takes runs whose MoE layers carry their block
+        (``FD_DECODER_LAYERS_MOE``): a model plans such runs only then, so that
+        with no such plugin it pays nothing for the split (``_split_moe_run``)."""
+        return self._fd_decoder_layers_moe is not None
+
     def implementers(self, op: str) -> list[str]:
         """The plugins that may answer ``op`` (e.g. ``"linear"``), in the
         order they are asked."""

@@ -65,7 +65,7 @@ class DecoderLayer:
         moe = None
         if isinstance(mlp, GatedMLP):
             up_gate, down = mlp.up_gate_proj.weight.data, mlp.down_proj.weight.data
-        else:
+        elif self.runs_whole:
             moe = mlp.layer_weights()
         return DecoderLayerWeights(
             self.input_layernorm.weight.data, self.post_attention_layernorm.weight.data, self.input_layernorm.eps,
@@ -79,8 +79,11 @@ class DecoderLayer:
 
     @property
     def runs_whole(self) -> bool:
-        """A fused run computes this layer whole: dense, or its MoE block joins the run."""
-        return self.is_dense or (isinstance(self.mlp, MoE) and type(self.mlp).__call__ is MoE.__call__)
+        """A fused run computes this layer whole: dense, or its MoE block joins
+        the run (a plugin takes such runs, ``Ops.fuses_moe_runs``, and the block
+        has no ``__call__`` of its own)."""
+        return self.is_dense or (self.ops.fuses_moe_runs and isinstance(self.mlp, MoE)
+                                 and type(self.mlp).__call__ is MoE.__call__)
 
     def __call__(self, h: Any, residual: Any | None, cos_sin: Any, meta: Any, cache: KVCache) -> tuple[Any, Any]:
         """``(hidden, residual)`` in and out (``residual`` None in the first

@@ -144,7 +144,13 @@ def test_the_model_runs_consecutive_dense_layers_together() -> None:
     model = Ernie4_5ForCausalLM(config_from_dict(raw), ops, 64)
     kinds = [layer.is_dense for layer in model.layers]
     assert kinds == [True, True, False, False, False, False, True, True]
-    # the MoE layers carry their MoE block: the whole stack is one run
+    # no plugin takes MoE runs: a MoE layer's attention half joins the dense run before it
+    assert not ops.fuses_moe_runs and model._runs == [(0, 3), (3, 4), (4, 5), (5, 6), (6, 8)]
+    assert all(layer.weights().moe is None for layer in model.layers)
+    # one does: the MoE layers carry their MoE block, the whole stack is one run
+    ops = Ops(make_plugin_manager(cpu, _FusedMoE(None)), "moe")
+    assert ops.fuses_moe_runs
+    model = Ernie4_5ForCausalLM(config_from_dict(raw), ops, 64)
     assert model._runs == [(0, 8)]
     assert all(layer.weights().moe is not None for layer in model.layers[2:6])
     # a MoE block that runs its own __call__ (expert parallelism) cannot join a run: its layer's
