@@ -336,3 +336,41 @@ def test_prefill_sized_rows_with_int8_activations_equal_the_split_run(
     monkeypatch.delenv("FD_X86_PREFILL_INT8_ACT")
     fp32 = _run(layers, step, x86_ops.decoder_layers)
     assert not np.array_equal(got[0].numpy(), fp32[0].numpy())  # the opt-in changed the experts' numerics
+
+
+@pytest.mark.parametrize("quantization", ["wint4", "w8a8"])
+def test_engine_outputs_do_not_change_with_preemption_and_chunking(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, quantization: str
+) -> None:
+    """The engine on x86 with a quantized tiny MoE model: decode-only steps run the whole stack in one
+    call (the MoE blocks inside), mixed steps the split run; greedy tokens with a KV cache too small for
+    the batch (preemption) and a 40-token step budget (chunked prefills) equal the default run's."""
+    from fd_core import LLM, SamplingParams
+    from fd_core.testing.checkpoints import generate_checkpoint
+
+    checkpoint = generate_checkpoint(tmp_path / "tiny-moe", "tiny-moe", naming="paddle", seed=7, dtype="float32")
+    rng = np.random.default_rng(3)
+    prompts = [[int(t) for t in rng.integers(100, 1000, n)] for n in (5, 17, 33, 64, 9, 48)]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    moe_runs: list[int] = []
+    real = fused.decoder_layers
+
+    def spy(layers: Any, *args: Any) -> Any:
+        out = real(layers, *args)
+        if out is not None and any(layer.moe is not None for layer in layers):
+            moe_runs.append(len(layers))
+        return out
+
+    monkeypatch.setattr(fused, "decoder_layers", spy)
+
+    def run(**kwargs: Any) -> list[list[int]]:
+        llm = LLM(str(checkpoint), backend="x86", max_model_len=512, max_num_seqs=32, enable_prefix_caching=False,
+                  quantization=quantization, **kwargs)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    base = run()
+    assert moe_runs and set(moe_runs) == {3}  # the whole stack (dense, MoE, MoE) in one call
+    moe_runs.clear()
+    assert run(num_gpu_blocks_override=10, block_size=16, max_num_batched_tokens=40) == base
+    assert moe_runs
