@@ -55,6 +55,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
+import numpy as np
+
 from fd_core.backends.cpu import num_threads
 from fd_core.ops.content_key import tensor_key
 from fd_core.ops.linear import QuantizedWeight
@@ -225,7 +227,11 @@ def _step_inputs(metadata: Any) -> tuple[Any, ...]:
     them, built by the first layer and shared by the rest."""
     inputs = metadata.workspace.get(STEP_KEY)
     if inputs is None:
-        tables, lens, _ = x86_ops._tables(metadata, x86_ops.DECODE_KEY, 0, metadata.num_decodes)
+        # the block tables and lengths alone (x86_ops._tables also copies the new-token counts, which
+        # a decode-only step does not need): two host copies a step
+        paddle = x86_ops._paddle()
+        tables, lens = (paddle.to_tensor(np.ascontiguousarray(array[:metadata.num_decodes], dtype=np.int64))
+                        for array in (metadata.block_tables, metadata.seq_lens))
         inputs = metadata.workspace[STEP_KEY] = (
             x86_ops._int64(metadata.positions), x86_ops._int64(metadata.slot_mapping), tables, lens,
             int(metadata.block_size),
