@@ -76,29 +76,24 @@ class Ops:
         self._fd_communicator = resolve(hooks.fd_communicator)
         # no plugin fuses layers (the reference alone): skip the hook call per layer
         self._fuses_layers = fuse_layers and bool(hooks.fd_decoder_layers.get_hookimpls())
-        # runs ending with an attention-only layer (a MoE layer's attention half, added after
-        # API_VERSION 1) go only to plugins that declare FD_DECODER_LAYERS_ATTENTION_ONLY = True:
-        # a kernel written before that contract would not know to decline them
-        older = [impl.plugin for impl in hooks.fd_decoder_layers.get_hookimpls()
-                 if not getattr(impl.plugin, "FD_DECODER_LAYERS_ATTENTION_ONLY", False)]
-        self._fd_decoder_layers_attention_only = (
-            resolve(pm.subset_hook_caller("fd_decoder_layers", remove_plugins=older)) if older
-            else self._fd_decoder_layers)
-        self._fuses_attention_only = fuse_layers and len(older) < len(hooks.fd_decoder_layers.get_hookimpls())
-        # runs whose layers carry their MoE block (DecoderLayerWeights.moe) go only to plugins that
-        # declare FD_DECODER_LAYERS_MOE = True; for the rest the run is split at its MoE layers
-        no_moe = [impl.plugin for impl in hooks.fd_decoder_layers.get_hookimpls()
-                  if not getattr(impl.plugin, "FD_DECODER_LAYERS_MOE", False)]
-        self._fuses_moe = fuse_layers and len(no_moe) < len(hooks.fd_decoder_layers.get_hookimpls())
-        self._fd_decoder_layers_moe = (
-            resolve(pm.subset_hook_caller("fd_decoder_layers", remove_plugins=no_moe)) if self._fuses_moe
-            else None)
-        # a MoE run that ends attention only: plugins that declare both
-        moe_half = [impl.plugin for impl in hooks.fd_decoder_layers.get_hookimpls()
-                    if impl.plugin not in no_moe and impl.plugin not in older]
-        self._fd_decoder_layers_moe_attention_only = (
-            resolve(pm.subset_hook_caller("fd_decoder_layers", remove_plugins=[*no_moe, *older])) if moe_half
-            and fuse_layers else None)
+        # Run shapes newer than API_VERSION 1 go only to plugins that declare them (a kernel written
+        # before would not know to decline one): runs ending with an attention-only layer (a MoE
+        # layer's attention half) to FD_DECODER_LAYERS_ATTENTION_ONLY = True, runs whose layers carry
+        # their MoE block (DecoderLayerWeights.moe) to FD_DECODER_LAYERS_MOE = True, a MoE run that
+        # ends attention only to plugins that declare both. None: no plugin does.
+        impls = hooks.fd_decoder_layers.get_hookimpls()
+
+        def declaring(*flags: str) -> Dispatch | None:
+            others = [impl.plugin for impl in impls if not all(getattr(impl.plugin, f, False) for f in flags)]
+            if not fuse_layers or len(others) == len(impls):
+                return None
+            return resolve(pm.subset_hook_caller("fd_decoder_layers", remove_plugins=others)) if others \
+                else self._fd_decoder_layers
+
+        self._fd_decoder_layers_attention_only = declaring("FD_DECODER_LAYERS_ATTENTION_ONLY")
+        self._fd_decoder_layers_moe = declaring("FD_DECODER_LAYERS_MOE")
+        self._fd_decoder_layers_moe_attention_only = declaring("FD_DECODER_LAYERS_MOE",
+                                                               "FD_DECODER_LAYERS_ATTENTION_ONLY")
 
     @property
     def fuses_moe_runs(self) -> bool:
@@ -202,8 +197,9 @@ class Ops:
                     return fused  # type: ignore[no-any-return]
             return self._split_moe_run(layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
         attention_only = bool(layers) and getattr(layers[-1], "attention_only", False)
-        if self._fuses_attention_only if attention_only else self._fuses_layers:
-            call = self._fd_decoder_layers_attention_only if attention_only else self._fd_decoder_layers
+        call = self._fd_decoder_layers_attention_only if attention_only else (
+            self._fd_decoder_layers if self._fuses_layers else None)
+        if call is not None:
             fused = call(
                 layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
                 k_caches=k_caches, v_caches=v_caches,

@@ -69,14 +69,12 @@ from fd_x86.linear import (
     _INT8_ACT_METHOD,
     _PACKED_METHOD,
     METHODS,
-    PREFILL_INT8_MIN_ROWS,
     WINT8_PACKED_MAX_ROWS,
     _packed,
     _use_packed,
-    prefill_int8_enabled,
     wint4_words,
 )
-from fd_x86.moe import layer_enabled, layer_in_run
+from fd_x86.moe import int8_act_rows, layer_enabled, layer_in_run
 
 __all__ = ["decoder_layers"]
 
@@ -409,8 +407,7 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     dense = x86_ops._dense
     hidden = dense(hidden)
     first = layers[0]
-    # as fd_x86.moe.moe_layer: the opt-in int8 activations for prefill-sized calls
-    int8_rows = PREFILL_INT8_MIN_ROWS if moe_ints and rows >= PREFILL_INT8_MIN_ROWS and prefill_int8_enabled() else 0
+    int8_rows = int8_act_rows(rows) if moe_ints else 0  # the MoE blocks' opt-in, as fd_x86_moe_layer's
     out, total = load_ops().fd_x86_decoder_layers(
         hidden, hidden if residual is None else dense(residual), dense(cos_sin), positions, slots, tables, lens,
         norms, k_list, v_list, k_scales, v_scales, weights, moe_tensors or [hidden], residual is not None, kinds,

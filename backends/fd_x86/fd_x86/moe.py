@@ -69,7 +69,7 @@ from fd_x86.offline import METHOD_CODE as _OFFLINE_CODE
 from fd_x86.offline import W4A8_CODE, w4a8_experts_run
 from fd_x86.offline import runs as _offline_runs
 
-__all__ = ["layer_enabled", "layer_in_run", "moe_experts", "moe_layer", "moe_layer_experts", "native_enabled",
+__all__ = ["int8_act_rows", "layer_enabled", "layer_in_run", "moe_experts", "moe_layer", "moe_layer_experts", "native_enabled",
            "select_experts"]
 
 _METHOD_CODE = {"wint8": 0, "wint4": 1, "w8a8": 2, **_OFFLINE_CODE, "w4a8": W4A8_CODE}  # the ops' ``method``
@@ -170,11 +170,15 @@ def moe_layer(x: Any, gate: Any, correction_bias: Any, top_k: int, renormalize: 
     if tensors is None or not 1 <= top_k <= int(gate.shape[1]):
         return None
     x = x if x.is_contiguous() else x.contiguous()
-    rows = int(x.shape[0])
-    # opt-in (FD_X86_PREFILL_INT8_ACT): prefill-sized calls run wint8 linears on int8 activations
-    int8_rows = PREFILL_INT8_MIN_ROWS if rows >= PREFILL_INT8_MIN_ROWS and prefill_int8_enabled() else 0
     return load_ops().fd_x86_moe_layer(x, *tensors, int(top_k), correction_bias is not None, bool(renormalize),
-                                       float(norm_min), *attrs, num_threads(), int8_rows)
+                                       float(norm_min), *attrs, num_threads(), int8_act_rows(int(x.shape[0])))
+
+
+def int8_act_rows(rows: int) -> int:
+    """The MoE ops' ``int8_act_rows`` for a call of ``rows`` tokens: the opt-in
+    (``FD_X86_PREFILL_INT8_ACT``) runs calls of at least ``PREFILL_INT8_MIN_ROWS``
+    on int8 activations (``PREFILL_INT8_MIN_ROWS``), else 0 (off)."""
+    return PREFILL_INT8_MIN_ROWS if rows >= PREFILL_INT8_MIN_ROWS and prefill_int8_enabled() else 0
 
 
 def layer_in_run(moe: Any) -> tuple[list[Any], list[int], float] | None:

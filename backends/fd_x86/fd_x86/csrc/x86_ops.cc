@@ -870,8 +870,10 @@ std::vector<paddle::Tensor> DecoderLayers(
   float* r_bufs[2] = {bufs[10], bufs[10] + T * D};
   std::vector<int64_t> items(2 * T);
   for (int64_t b = 0; b < T; ++b) items[2 * b] = b, items[2 * b + 1] = 0;
-  // a MoE layer's block input (moe_layer_run takes a tensor)
+  // a MoE layer's block input (moe_layer_run takes a tensor) and output (the next layer's input,
+  // read in place: copied only when the run's last layer is MoE)
   paddle::Tensor moe_x = moes > 0 ? paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace()) : q;
+  paddle::Tensor moe_y;
 
   const float* h_in = hidden.data<float>();
   const float* r_in = has_residual ? residual.data<float>() : nullptr;
@@ -922,9 +924,9 @@ std::vector<paddle::Tensor> DecoderLayers(
     }
     if (p.kind == kMoeLayer) {
       fdx86::rms_norm_avx2(o, res, p.post_norm, moe_x.data<float>(), r_next, T, D, eps, nthreads);
-      const paddle::Tensor y = fdx86::moe_layer_run(moe_x, p.moe, nthreads, int8_act_rows);
-      std::copy_n(y.data<float>(), T * D, h_next);
-      h_in = h_next;
+      moe_y = fdx86::moe_layer_run(moe_x, p.moe, nthreads, int8_act_rows);
+      if (last) std::copy_n(moe_y.data<float>(), T * D, h_next);
+      h_in = moe_y.data<float>();  // the next layer reads it in its input norm only (r_in is set)
       r_in = r_next;
       continue;
     }
