@@ -126,18 +126,21 @@ def call_overhead(method: str, calls: int = 2000) -> float:
     """Seconds per ``quantized_linear`` call of ``method`` on a 64 x 64 weight at one
     row (fastest of 3 x ``calls``): the Python and op dispatch every kernel call pays."""
     import paddle
-    from fd_x86.linear import quantized_linear
+    from fd_x86.linear import quantized_linear, w4a8_linear
 
     from fd_core.quantization.weights import quantize_weight
 
-    q = quantize_weight(method, np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), 32)
-    x = paddle.ones([1, 64], dtype="float32")
-    quantized_linear(x, q)
+    # w4a8 takes groups of 128 inputs (its VNNI kernel), the others any width
+    width = 128 if method == "w4a8" else 64
+    q = quantize_weight(method, np.random.default_rng(0).standard_normal((width, 64)).astype(np.float32), width if method == "w4a8" else 32)
+    linear = w4a8_linear if method == "w4a8" else quantized_linear
+    x = paddle.ones([1, width], dtype="float32")
+    linear(x, q)
     best = float("inf")
     for _ in range(3):
         begin = time.perf_counter()
         for _ in range(calls):
-            quantized_linear(x, q)
+            linear(x, q)
         best = min(best, (time.perf_counter() - begin) / calls)
     return best
 

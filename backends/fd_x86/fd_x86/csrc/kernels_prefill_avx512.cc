@@ -17,6 +17,12 @@ constexpr int kRows = 4;     // register tile: rows of x
 constexpr int kBlocks = 4;   // x blocks of 16 output channels (a work item)
 constexpr int64_t kRowPass = 64;  // rows per pass over a work item's weights (they stay in L2)
 
+// Software prefetch this many bytes ahead in each block's weight stream (as
+// the packed kernels do, kernels_avx512.cc): at one row w4a8 decode steps
+// ran 1.04-1.09x faster on the 0.3B and 1.05x on a 21B-wide model than with
+// the hardware prefetcher alone (Zen 4, 2 threads); 512 or 2048 bytes did worse.
+constexpr int64_t kPrefetchAhead = 1024;
+
 inline __mmask16 mask16(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
 
 // MB rows x NB blocks starting at row m, block nb0. Per group: int32 dot
@@ -43,6 +49,7 @@ inline void tile(const LinearArgs& a, int64_t m, int64_t nb0) {
       __m512i lo[NB], hi[NB];
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + (j * K8 + kb) * 16) + kPrefetchAhead, _MM_HINT_T0);
         const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(w + (j * K8 + kb) * 16), flip);
         lo[j] = _mm512_and_si512(v, low4);
         hi[j] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
