@@ -10,6 +10,10 @@
 #include "tiling.h"
 
 namespace {
+// Software prefetch this many bytes ahead in each channel's stream: 512 left a mid-size MoE decode step with
+// wint4 experts 1.12x slower at B = 1 and 1.09x at B = 8, a 21B-wide one 1.05x, than 8 KiB (4 KiB: 1.02x
+// slower, 16 KiB: 1.02x; Zen 4, 2 threads)
+constexpr int64_t kPrefetchAhead = 8192;
 
 using fdx86::LinearArgs;
 using fdx86::kWint4LutBlock;
@@ -41,7 +45,7 @@ struct Wint4Lut {
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) {
         const uint8_t* p = w + j * Kh + b * 64;
-        _mm_prefetch(reinterpret_cast<const char*>(p + 512), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchAhead), _MM_HINT_T0);
         v[j] = _mm512_loadu_si512(p);
       }
       const float* xb = a.xe + m * K + b * kWint4LutBlock;
