@@ -94,6 +94,9 @@ class Ops:
         self._fd_decoder_layers_moe = declaring("FD_DECODER_LAYERS_MOE")
         self._fd_decoder_layers_moe_attention_only = declaring("FD_DECODER_LAYERS_MOE",
                                                                "FD_DECODER_LAYERS_ATTENTION_ONLY")
+        # runs that end with the model's head (a DecoderHead: logits out) to FD_DECODER_LAYERS_HEAD = True
+        self._fd_decoder_layers_head = declaring("FD_DECODER_LAYERS_HEAD")
+        self._fd_decoder_layers_moe_head = declaring("FD_DECODER_LAYERS_MOE", "FD_DECODER_LAYERS_HEAD")
 
     @property
     def fuses_moe_runs(self) -> bool:
@@ -101,6 +104,13 @@ class Ops:
         (``FD_DECODER_LAYERS_MOE``): a model plans such runs only then, so that
         with no such plugin it pays nothing for the split (``_split_moe_run``)."""
         return self._fd_decoder_layers_moe is not None
+
+    @property
+    def fuses_heads(self) -> bool:
+        """Whether a plugin takes runs that end with the model's head
+        (``FD_DECODER_LAYERS_HEAD``): a model hands its head to the run only
+        then (without one, ``decoder_layers(head=...)`` runs the head's own hooks)."""
+        return self._fd_decoder_layers_head is not None
 
     def implementers(self, op: str) -> list[str]:
         """The plugins that may answer ``op`` (e.g. ``"linear"``), in the
@@ -175,23 +185,52 @@ class Ops:
         self.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
         return q, k, v
 
+    @overload
     def decoder_layers(
         self, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
-        k_caches: list[KVPool], v_caches: list[KVPool],
-    ) -> tuple[Tensor, Tensor]:
+        k_caches: list[KVPool], v_caches: list[KVPool], head: None = None,
+    ) -> tuple[Tensor, Tensor]: ...
+
+    @overload
+    def decoder_layers(
+        self, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
+        k_caches: list[KVPool], v_caches: list[KVPool], head: Any,
+    ) -> Tensor: ...
+
+    def decoder_layers(
+        self, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
+        k_caches: list[KVPool], v_caches: list[KVPool], head: Any | None = None,
+    ) -> tuple[Tensor, Tensor] | Tensor:
         """A run of dense decoder layers (the last may be attention only; any
         may carry its MoE block) -> ``(hidden, residual)``: the backend's fused
         kernel when it answers, else the unfused hooks layer by layer (see the
         hookspec). A run with MoE layers that no plugin fuses whole is split at
         them: each piece ends with a MoE layer's attention half, then
-        ``moe_layer`` (``fd_core.ops.decoder``)."""
-        if any(getattr(layer, "moe", None) is not None for layer in layers):
+        ``moe_layer`` (``fd_core.ops.decoder``). With ``head`` (a
+        ``DecoderHead``; the run must not end attention only) -> the logits
+        ``[T, V]``: a plugin declaring ``FD_DECODER_LAYERS_HEAD`` runs the
+        head inside the run, else the run as above and then ``head.run``."""
+        has_moe = any(getattr(layer, "moe", None) is not None for layer in layers)
+        if head is not None:
+            if layers and layers[-1].attention_only:
+                raise ValueError("decoder_layers: a run that ends attention only cannot end with the head")
+            call = self._fd_decoder_layers_moe_head if has_moe else self._fd_decoder_layers_head
+            if call is not None:
+                logits = call(
+                    layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
+                    k_caches=k_caches, v_caches=v_caches, head=head,
+                )
+                if logits is not None:
+                    return logits
+            hidden, residual = self.decoder_layers(layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
+            return head.run(self, hidden, residual)
+        if has_moe:
             call = (self._fd_decoder_layers_moe_attention_only if layers[-1].attention_only
                     else self._fd_decoder_layers_moe)
             if call is not None:
                 fused = call(
                     layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
-                    k_caches=k_caches, v_caches=v_caches,
+                    k_caches=k_caches, v_caches=v_caches, head=None,
                 )
                 if fused is not None:
                     return fused  # type: ignore[no-any-return]
@@ -202,7 +241,7 @@ class Ops:
         if call is not None:
             fused = call(
                 layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
-                k_caches=k_caches, v_caches=v_caches,
+                k_caches=k_caches, v_caches=v_caches, head=None,
             )
             if fused is not None:
                 return fused  # type: ignore[no-any-return]

@@ -87,10 +87,15 @@ class RMSNorm:
         A 16-bit weight under fp32 activations is handed over as its fp32 copy
         (the same values; the reference widens it anyway, and a backend's fp32
         kernel then takes it), made once and again only if the weight changes."""
+        return self.ops.rms_norm(x, self.weight_for(x), self.eps, residual)
+
+    def weight_for(self, x: Any) -> Any:
+        """The weight as a kernel takes it for activations ``x``: a 16-bit weight
+        under fp32 activations as its cached fp32 copy, else the weight itself."""
         weight = self.weight.data
         if weight.dtype != x.dtype and x.dtype == paddle.float32:
             widened = self._widened
             if widened is None or widened[0] is not weight or widened[1] != weight._inplace_version():
                 widened = self._widened = (weight, weight._inplace_version(), weight.astype("float32"))
             weight = widened[2]
-        return self.ops.rms_norm(x, weight, self.eps, residual)
+        return weight

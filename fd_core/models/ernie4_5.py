@@ -22,7 +22,7 @@ from fd_core.layers.mlp import GatedMLP, MoE
 from fd_core.layers.param import Param
 from fd_core.models.base import Target
 from fd_core.models.config import ModelConfig
-from fd_core.ops.decoder import DecoderLayerWeights
+from fd_core.ops.decoder import DecoderHead, DecoderLayerWeights
 from fd_core.ops.kv_dtype import StaticKVScales
 from fd_core.ops.rope import rope_cos_sin
 
@@ -167,20 +167,25 @@ class Ernie4_5ForCausalLM:
         return embed(self.embed_tokens.data, input_ids)
 
     def forward(self, input_ids: Any, meta: Any, caches: list[KVCache], logits_indices: Any) -> Any:
-        """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]`` (None: every row)."""
+        """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]`` (None: every row).
+        When every row's logits are wanted and a plugin takes the head in a run
+        (``Ops.fuses_heads``), the last run of whole layers ends with the final
+        norm and the LM head (``DecoderHead``): a decode step is one call after
+        the embedding."""
         h = self.embed_ids(input_ids)  # [T, D] fp32
         residual = None
+        last_start, last_end = self._runs[-1]
+        if logits_indices is None and not self.keep_hidden and self.ops.fuses_heads \
+                and type(self.lm_head) is Linear and self.layers[last_end - 1].fused \
+                and self.layers[last_end - 1].runs_whole:
+            for start, end in self._runs[:-1]:
+                h, residual = self._run(start, end, h, residual, meta, caches)
+            run = range(last_start, last_end)
+            head = DecoderHead(self.norm.weight_for(h), self.norm.eps, self.lm_head.weight.data)
+            return self.ops.decoder_layers([self.layers[i].weights() for i in run], h, residual, self.cos_sin, meta,
+                                           [caches[i].k for i in run], [caches[i].v for i in run], head)
         for start, end in self._runs:
-            if end - start == 1:
-                h, residual = self.layers[start](h, residual, self.cos_sin, meta, caches[start])
-                continue
-            run = range(start, end)
-            h, residual = self.ops.decoder_layers(
-                [self.layers[i].weights() for i in run], h, residual, self.cos_sin, meta,
-                [caches[i].k for i in run], [caches[i].v for i in run],
-            )
-            if not self.layers[end - 1].runs_whole:
-                h = self.layers[end - 1].mlp(h)  # the run ended with its attention half
+            h, residual = self._run(start, end, h, residual, meta, caches)
         h, _ = self.norm(h, residual)
         if self.keep_hidden:
             self.last_hidden = h
@@ -189,6 +194,20 @@ class Ernie4_5ForCausalLM:
         if logits_indices is not None:
             h = paddle.gather(h, logits_indices)
         return self.lm_head(h)
+
+    def _run(self, start: int, end: int, h: Any, residual: Any | None, meta: Any,
+             caches: list[KVCache]) -> tuple[Any, Any]:
+        """Layers ``[start, end)`` of ``_runs``: one layer alone, or one ``Ops.decoder_layers`` call."""
+        if end - start == 1:
+            return self.layers[start](h, residual, self.cos_sin, meta, caches[start])
+        run = range(start, end)
+        h, residual = self.ops.decoder_layers(
+            [self.layers[i].weights() for i in run], h, residual, self.cos_sin, meta,
+            [caches[i].k for i in run], [caches[i].v for i in run],
+        )
+        if not self.layers[end - 1].runs_whole:
+            h = self.layers[end - 1].mlp(h)  # the run ended with its attention half
+        return h, residual
 
     # ------------------------------------------------------------ loading
 

@@ -29,6 +29,14 @@ are asked for such runs; for the rest ``Ops.decoder_layers`` splits the run
 at each MoE layer into the runs above (its attention half last) and calls
 ``Ops.moe_layer`` between them, the same numerics.
 
+A run may end with the model's head (``head``: a ``DecoderHead``, the final
+RMSNorm and the LM head): it then returns the logits of every row instead
+of ``(hidden, residual)``, so a decode step's whole forward after the
+embedding is one call. Only plugins that declare ``FD_DECODER_LAYERS_HEAD =
+True`` are asked for such runs (both flags for a MoE run with its blocks);
+for the rest ``Ops.decoder_layers`` runs the layers and then
+``DecoderHead.run``, the same numerics.
+
 ``compose_decoder_layer`` runs it through the separate kernel hooks, and
 ``compose_decoder_layers`` a run of such layers: the numerics of the
 optional fused hook ``fd_decoder_layers``, and what ``Ops`` runs when no
@@ -66,7 +74,7 @@ from fd_core.ops.linear import QuantizedWeight
 if TYPE_CHECKING:
     from fd_core.backends.base import Ops
 
-__all__ = ["DecoderLayerWeights", "MoELayerWeights", "apply_linear", "compose_decoder_layer", "compose_decoder_layers",
+__all__ = ["DecoderHead", "DecoderLayerWeights", "MoELayerWeights", "apply_linear", "compose_decoder_layer", "compose_decoder_layers",
            "self_attention"]
 
 paddle = import_paddle()
@@ -101,6 +109,25 @@ class MoELayerWeights:
         return ops.moe_layer(x, self.gate, self.correction_bias, self.top_k, self.renormalize, self.norm_min,
                              self.up_gate_weights, self.down_weights, self.quant, self.shared_up_gate,
                              self.shared_down)
+
+
+@dataclass(eq=False)
+class DecoderHead:
+    """The model's final RMSNorm and LM head after a run's last layer: logits
+    ``[T, V]`` of ``norm(hidden + residual) @ weight``."""
+
+    norm: Any  # [D] (fp32 where the activations are: RMSNorm's widened copy of a 16-bit weight)
+    eps: float
+    weight: Any  # [D, V] tensor or a 2-D QuantizedWeight
+
+    def key(self) -> Hashable:
+        """The head's content key (``fd_core.ops.content_key``)."""
+        return (self.eps, tensor_key(self.norm), weight_key(self.weight))
+
+    def run(self, ops: Ops, hidden: Any, residual: Any) -> Any:
+        """The logits through the separate hooks: ``fd_rms_norm``, then ``fd_linear``."""
+        x, _ = ops.rms_norm(hidden, self.norm, self.eps, residual)
+        return apply_linear(ops, x, self.weight)
 
 
 @dataclass(eq=False)

@@ -245,7 +245,8 @@ def fd_decoder_layers(
     metadata: Any,
     k_caches: list[KVPool],
     v_caches: list[KVPool],
-) -> tuple[Tensor, Tensor] | None:
+    head: Any | None,
+) -> tuple[Tensor, Tensor] | Tensor | None:
     """Optional fusion of a run of consecutive dense decoder layers (each:
     norm, attention block, norm, gated MLP) into one call.
 
@@ -272,7 +273,12 @@ def fd_decoder_layers(
     (None before the model's first layer) are the residual stream as the
     model carries it. Must equal ``fd_core.ops.decoder.compose_decoder_layers``,
     which chains the unfused hooks layer by layer, and returns the same
-    ``(hidden, residual)`` after the last layer. The reference does not
+    ``(hidden, residual)`` after the last layer. ``head`` (a
+    ``fd_core.ops.decoder.DecoderHead``: the model's final norm and LM head)
+    is None except for plugins that declare ``FD_DECODER_LAYERS_HEAD = True``
+    (with ``FD_DECODER_LAYERS_MOE`` too for a run with MoE blocks); given, the
+    run returns the logits ``[T, V]``, ``DecoderHead.run`` of its
+    ``(hidden, residual)``, and never ends attention only. The reference does not
     implement it (``Ops`` composes then). A backend answers the cases it has
     a kernel for (say, decode-only steps with its quantized weights) and
     returns None for the rest. Stops at the first non-None result.

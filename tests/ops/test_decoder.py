@@ -1,6 +1,6 @@
 """Ops.decoder_layers: a backend's fused answer, else the unfused hooks layer
 by layer; the layer description and its content key; the model's runs of dense
-layers route through it."""
+layers route through it; a run that ends with the model's head."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from fd_core.backends.base import Ops
 from fd_core.layers.mlp import MoE
 from fd_core.ops.attention import AttentionMetadata
 from fd_core.ops.decoder import (
+    DecoderHead,
     DecoderLayerWeights,
     MoELayerWeights,
     compose_decoder_layer,
@@ -292,3 +293,120 @@ def test_a_moe_run_ending_attention_only_goes_only_to_plugins_that_declare_both(
     seen.clear()
     ops.decoder_layers(layers[:1], hidden, None, cos_sin, meta, caches[0:1], caches[2:3])
     assert seen == [["moe"]]
+
+
+def _head(rng: np.random.Generator, vocab: int = 40) -> DecoderHead:
+    return DecoderHead(paddle.to_tensor(rng.uniform(0.5, 1.5, D).astype(np.float32)), 1e-6,
+                       paddle.to_tensor(rng.normal(0, D**-0.5, (D, vocab)).astype(np.float32)))
+
+
+class _FusedHead(_Fused):
+    """Takes runs that end with the head (and MoE runs, to test the pair of flags)."""
+
+    FD_DECODER_LAYERS_HEAD = True
+    FD_DECODER_LAYERS_MOE = True
+
+    def __init__(self, answer: object) -> None:
+        super().__init__(answer)
+        self.heads: list[object] = []
+
+    @hookimpl
+    def fd_decoder_layers(self, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches, head):  # noqa: ANN001, ANN201
+        self.calls += 1
+        self.heads.append(head)
+        return self.answer
+
+
+def test_a_run_with_the_head_equals_the_run_then_the_head() -> None:
+    """Ops composes a run with a head as the run, then the final norm and the LM head (its own hooks);
+    a run that ends attention only cannot take the head."""
+    rng = np.random.default_rng(11)
+    layers = [_layer(rng), replace(_layer(rng), up_gate=None, down=None, moe=_moe(rng))]
+    hidden, cos_sin, meta, _, _ = _step(rng)
+    head = _head(rng)
+    ops = Ops(make_plugin_manager(cpu), "cpu")
+    caches = [paddle.zeros([32, HKV, DH]) for _ in range(4)]
+    logits = ops.decoder_layers(layers, hidden, None, cos_sin, meta, caches[0:2], caches[2:4], head)
+    mine = [paddle.zeros([32, HKV, DH]) for _ in range(4)]
+    h, r = ops.decoder_layers(layers, hidden, None, cos_sin, meta, mine[0:2], mine[2:4])
+    x, _ = ops.rms_norm(h, head.norm, head.eps, r)
+    np.testing.assert_array_equal(logits.numpy(), ops.linear(x, head.weight).numpy())
+    assert logits.shape == [2, 40]
+    for c, m in zip(caches, mine):
+        np.testing.assert_array_equal(c.numpy(), m.numpy())
+    assert head.key() == DecoderHead(head.norm, head.eps, head.weight).key() != _head(rng).key()
+    with pytest.raises(ValueError, match="attention only cannot end with the head"):
+        ops.decoder_layers([replace(layers[0], up_gate=None, down=None)], hidden, None, cos_sin, meta, caches[0:1],
+                           caches[2:3], head)
+
+
+def test_runs_with_the_head_go_only_to_plugins_that_declare_them() -> None:
+    """A plugin that does not declare FD_DECODER_LAYERS_HEAD never sees a head (it is asked for the
+    run alone, then Ops runs the head's hooks); a declaring one gets it and its logits are the
+    answer; when it declines, the run without the head is asked again, then the head composed."""
+    rng = np.random.default_rng(12)
+    layer, (hidden, cos_sin, meta, k, v) = _layer(rng), _step(rng)
+    head = _head(rng)
+    pair = (paddle.zeros([2, D]), paddle.ones([2, D]))
+    older = _Fused(pair)
+    ops = Ops(make_plugin_manager(cpu, older), "older")
+    assert not ops.fuses_heads
+    logits = ops.decoder_layers([layer], hidden, None, cos_sin, meta, [k], [v], head)
+    assert older.calls == 1 and logits.shape == [2, 40]
+    np.testing.assert_array_equal(logits.numpy(), head.run(ops, *pair).numpy())
+    sentinel = paddle.full([2, 40], 7.0)
+    newer = _FusedHead(sentinel)
+    ops = Ops(make_plugin_manager(cpu, newer), "newer")
+    assert ops.fuses_heads
+    assert ops.decoder_layers([layer], hidden, None, cos_sin, meta, [k], [v], head) is sentinel
+    assert newer.heads == [head]
+    newer.heads.clear()
+    assert ops.decoder_layers([layer], hidden, None, cos_sin, meta, [k], [v]) is sentinel  # no head: None passed
+    assert newer.heads == [None]
+    # a MoE run with the head: to plugins declaring both flags
+    moe_layers = [layer, replace(_layer(rng), up_gate=None, down=None, moe=_moe(rng))]
+    caches = [paddle.zeros([32, HKV, DH]) for _ in range(4)]
+    newer.heads.clear()
+    assert ops.decoder_layers(moe_layers, hidden, None, cos_sin, meta, caches[0:2], caches[2:4], head) is sentinel
+    assert newer.heads == [head]
+    declining = _FusedHead(None)
+    ops = Ops(make_plugin_manager(cpu, declining), "declining")
+    logits = ops.decoder_layers([layer], hidden, None, cos_sin, meta, [k], [v], head)
+    assert declining.heads == [head, None] and logits.shape == [2, 40]
+
+
+def test_ernie_decode_steps_hand_the_head_to_the_run(tmp_path: Path) -> None:
+    """With a plugin that takes heads, a decode-only step of the ERNIE model ends its last run with the
+    head (one call after the embedding); a step that wants fewer rows than it runs keeps the head apart;
+    the logits are those of the run then the head."""
+    from fd_core.backends import get_backend
+    from fd_core.engine.model_runner import ModelRunner, StepInput
+    from fd_core.testing.checkpoints import generate_checkpoint
+
+    model = generate_checkpoint(tmp_path / "m", "tiny-moe", naming="paddle", seed=3, dtype="float32")
+    seen: list[object] = []
+
+    class _Spy:
+        FD_DECODER_LAYERS_HEAD = True
+        FD_DECODER_LAYERS_MOE = True
+
+        @hookimpl
+        def fd_decoder_layers(self, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches, head):  # noqa: ANN001, ANN201
+            seen.append(head)
+            return None
+
+    def decode(runner: ModelRunner) -> tuple[object, object]:
+        prefill = runner.execute(StepInput([[5, 6, 7], [8]], [3, 1], [[1], [2]], 0))
+        return prefill, runner.execute(StepInput([[9], [10]], [4, 2], [[1], [2]], 2))
+
+    want = decode(ModelRunner(model, get_backend("cpu"), num_blocks=8, block_size=16))
+    runner = ModelRunner(model, get_backend("cpu"), num_blocks=8, block_size=16)
+    ops = Ops(make_plugin_manager(cpu, _Spy()), "spy")
+    for holder in (runner.model, runner.model.norm, runner.model.lm_head, *runner.model.layers):
+        holder.ops = ops
+    runner.model._runs = runner.model._plan_runs()
+    got = decode(runner)
+    # the prefill keeps the head apart; the decode step hands it over, and (declined) asks for the run alone
+    assert len(seen) == 3 and seen[0] is None and isinstance(seen[1], DecoderHead) and seen[2] is None
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())

@@ -51,6 +51,7 @@ FD_API_VERSION = API_VERSION
 # fd_decoder_layers takes (or declines) runs whose last layer is attention only (fd_core.backends.base.Ops)
 FD_DECODER_LAYERS_ATTENTION_ONLY = True
 FD_DECODER_LAYERS_MOE = True  # runs whose MoE layers carry their block (fd_x86.layer)
+FD_DECODER_LAYERS_HEAD = True  # runs that end with the model's final norm and LM head (fd_x86.layer)
 
 logger = logging.getLogger(__name__)
 
@@ -257,11 +258,11 @@ def fd_rope_and_write_kv_cache(qkv: Tensor, positions: Tensor, cos_sin: Tensor, 
 
 @hookimpl
 def fd_decoder_layers(layers: Sequence[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor,
-                      metadata: Any, k_caches: Sequence[KVPool],
-                      v_caches: Sequence[KVPool]) -> tuple[Tensor, Tensor] | None:
+                      metadata: Any, k_caches: Sequence[KVPool], v_caches: Sequence[KVPool],
+                      head: Any | None) -> tuple[Tensor, Tensor] | Tensor | None:
     from fd_x86.layer import decoder_layers
 
-    return _native(decoder_layers, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
+    return _native(decoder_layers, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches, head)
 
 
 @hookimpl

@@ -43,6 +43,18 @@ would decline (unquantized or mixed-method experts, a float shared expert)
 declines the whole run, which ``Ops`` then splits at the MoE layers.
 ``FD_X86_FUSED_MOE_RUN=0`` declines every run with a MoE block (A/B
 comparisons: the split runs, each MoE block its own call).
+
+A run may end with the model's head (``head``: a ``DecoderHead``; the
+plugin declares ``FD_DECODER_LAYERS_HEAD``): the op then normalizes the
+last layer's stream with the final norm and runs the LM head (any weight a
+layer's linear may be: quantized, or the bf16 / fp16 tied head in place)
+with the kernel ``fd_linear`` picks for as many rows, and returns the
+logits: a decode step's forward after the embedding is one call, and the
+~40 us the final norm and ~25 us the LM head's call cost after the run
+streamed the weights through the caches are gone. A head it cannot take
+(an fp32 head, a norm not on the host) declines the whole run; ``Ops``
+then runs the layers and the head's own ops. ``FD_X86_FUSED_HEAD=0``
+declines every run with a head (A/B comparisons).
 """
 
 from __future__ import annotations
@@ -121,6 +133,11 @@ def _attention_only_enabled() -> bool:
     return os.environ.get("FD_X86_FUSED_MOE_ATTENTION", "1") != "0"
 
 
+def _head_enabled() -> bool:
+    """``FD_X86_FUSED_HEAD=0``: the head after the run, as its own ops (A/B comparisons; read per call)."""
+    return os.environ.get("FD_X86_FUSED_HEAD", "1") != "0"
+
+
 def _moe_run_enabled() -> bool:
     """Read on each call, so a benchmark can compare both paths in one process."""
     return os.environ.get("FD_X86_FUSED_MOE_RUN", "1") != "0"
@@ -151,6 +168,44 @@ def _fp32(norm: Any) -> Any:
     return x86_ops._dense(norm)
 
 
+def _packed_linear(quant: Any, contract: bool) -> tuple[list[Any], int, int, int] | None:
+    """One linear as the op takes it: its (weight, scales) tensors, kernel
+    code, output width and wint4 group; None when it has no kernel here.
+    The kernel is the one ``fd_linear`` runs for the same rows (``contract``:
+    more than ``WINT8_PACKED_MAX_ROWS``), so a row's result does not depend
+    on whether the linear ran in a run."""
+    if not isinstance(quant, QuantizedWeight):
+        # an unquantized 16-bit weight, read in place by fd_x86.dense16's kernel
+        code = DENSE16.get(str(getattr(quant, "dtype", "")))
+        if code is None or not dense16_enabled() or len(quant.shape) != 2 or not quant.is_contiguous() \
+                or not quant.place.is_cpu_place():
+            return None
+        return [quant, _no_scales()], code, int(quant.shape[1]), -1
+    if quant.method == "block_wise_fp8" and len(quant.qweight.shape) == 2 and fp8_available():
+        # read in place by fd_x86.fp8's kernels (csrc/fp8_kernels.h)
+        if not quant.qweight.is_contiguous() or not quant.scales.is_contiguous():
+            return None
+        return [fp8_resident_codes(quant), quant.scales], BLOCK_FP8, int(quant.out_features), -1
+    group = int(quant.group_size) if quant.group_size and quant.group_size > 0 else -1
+    if quant.method == "w4a8":
+        # int4 words with per-token int8 activations on VNNI (fd_x86.linear.w4a8_linear's kernel)
+        packed = _packed(quant) if _use_packed("auto") and wint4_words(int(quant.in_features), group) else None
+        if packed is None:
+            return None
+        return list(packed), _INT8_ACT_METHOD["wint4"], int(quant.out_features), group
+    if quant.method not in METHODS:
+        return None
+    if quant.method == "wint8" and contract:
+        # the contract layout's kernel, as fd_x86.linear picks at this many rows
+        if len(quant.qweight.shape) != 2 or not quant.qweight.is_contiguous() or not quant.scales.is_contiguous():
+            return None
+        return [quant.qweight, quant.scales], WINT8_CONTRACT, int(quant.out_features), group
+    packed = _packed(quant)
+    if packed is None:
+        return None
+    return list(packed), _PACKED_METHOD[quant.method], int(quant.out_features), group
+
+
 def _packed_linears(layer: Any, contract: bool) -> tuple[list[Any], list[int], list[int], list[int]] | None:
     """The four linears' (two in an attention-only or MoE layer) (weight,
     scales) tensors, kernel codes, output widths and wint4 groups; None when
@@ -158,54 +213,13 @@ def _packed_linears(layer: Any, contract: bool) -> tuple[list[Any], list[int], l
     weights, methods, widths, groups = [], [], [], []
     linears = (layer.qkv, layer.o) if layer.up_gate is None else (layer.qkv, layer.o, layer.up_gate, layer.down)
     for quant in linears:
-        if not isinstance(quant, QuantizedWeight):
-            # an unquantized 16-bit weight, read in place by fd_x86.dense16's kernel
-            code = DENSE16.get(str(getattr(quant, "dtype", "")))
-            if code is None or not dense16_enabled() or len(quant.shape) != 2 or not quant.is_contiguous() \
-                    or not quant.place.is_cpu_place():
-                return None
-            weights += [quant, _no_scales()]
-            methods.append(code)
-            widths.append(int(quant.shape[1]))
-            groups.append(-1)
-            continue
-        if quant.method == "block_wise_fp8" and len(quant.qweight.shape) == 2 and fp8_available():
-            # read in place by fd_x86.fp8's kernels (csrc/fp8_kernels.h)
-            if not quant.qweight.is_contiguous() or not quant.scales.is_contiguous():
-                return None
-            weights += [fp8_resident_codes(quant), quant.scales]
-            methods.append(BLOCK_FP8)
-            widths.append(int(quant.out_features))
-            groups.append(-1)
-            continue
-        if quant.method == "w4a8":
-            # int4 words with per-token int8 activations on VNNI (fd_x86.linear.w4a8_linear's kernel)
-            group = int(quant.group_size) if quant.group_size and quant.group_size > 0 else -1
-            packed = _packed(quant) if _use_packed("auto") and wint4_words(int(quant.in_features), group) else None
-            if packed is None:
-                return None
-            weights += packed
-            methods.append(_INT8_ACT_METHOD["wint4"])
-            widths.append(int(quant.out_features))
-            groups.append(group)
-            continue
-        if quant.method not in METHODS:
+        one = _packed_linear(quant, contract)
+        if one is None:
             return None
-        if quant.method == "wint8" and contract:
-            # the contract layout's kernel, as fd_x86.linear picks at this many rows
-            if len(quant.qweight.shape) != 2 or not quant.qweight.is_contiguous() \
-                    or not quant.scales.is_contiguous():
-                return None
-            weights += [quant.qweight, quant.scales]
-            methods.append(WINT8_CONTRACT)
-        else:
-            packed = _packed(quant)
-            if packed is None:
-                return None
-            weights += packed
-            methods.append(_PACKED_METHOD[quant.method])
-        widths.append(int(quant.out_features))
-        groups.append(int(quant.group_size) if quant.group_size and quant.group_size > 0 else -1)
+        weights += one[0]
+        methods.append(one[1])
+        widths.append(one[2])
+        groups.append(one[3])
     return weights, methods, widths, groups
 
 
@@ -237,6 +251,13 @@ def _step_inputs(metadata: Any) -> tuple[Any, ...]:
     return inputs  # type: ignore[no-any-return]
 
 
+def _head_args(head: Any | None, ints: list[int]) -> tuple[int, int, int, float]:
+    """The op's head attributes: kernel code (-1: no head), width, group and the final norm's eps."""
+    if head is None:
+        return -1, 0, -1, 0.0
+    return ints[0], ints[1], ints[2], float(head.eps)
+
+
 def _same_shape(layers: list[Any]) -> bool:
     first = layers[0]
     return all(
@@ -248,12 +269,27 @@ def _same_shape(layers: list[Any]) -> bool:
 
 # norms, k / v caches and scales, weights, methods, widths, groups, then the layer kinds and the MoE
 # blocks' tensors, ints and norm_min (the op's)
+# blocks' tensors, ints and norm_min (the op's), then the head's tensors (final norm, weight, scales) and
+# ints (kernel code, width, group), empty without a head
 Run = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any], list[int], list[int], list[int],
-            list[int], list[Any], list[int], list[float]]
+            list[int], list[Any], list[int], list[float], list[Any], list[int]]
 DENSE_LAYER, ATTENTION_ONLY_LAYER, MOE_LAYER = 0, 1, 2  # the op's layer kinds
 
 
-def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], contract: bool) -> Run | None:
+def _build_head(head: Any, width: int, contract: bool) -> tuple[list[Any], list[int]] | None:
+    """The head's tensors (fp32 final norm, weight, scales) and ints (kernel code, width, group) as the op
+    takes them, or None where it does not fit (its norm, or an LM head with no kernel in a run here)."""
+    norm = head.norm
+    if not (norm.place.is_cpu_place() and norm.dtype in _norm_dtypes() and int(norm.numel()) == width):
+        return None
+    linear = _packed_linear(head.weight, contract)
+    if linear is None:
+        return None
+    return [_fp32(norm), *linear[0]], [linear[1], linear[2], linear[3]]
+
+
+def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], contract: bool,
+               head: Any | None = None) -> Run | None:
     if not (len(layers) == len(k_caches) == len(v_caches)) or not _same_shape(layers) \
             or any(layer.attention_only for layer in layers[:-1]):
         return None
@@ -295,11 +331,19 @@ def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: l
         methods += linears[1]
         widths += linears[2]
         groups += linears[3]
+    head_tensors: list[Any] = []
+    head_ints: list[int] = []
+    if head is not None:
+        built = _build_head(head, int(layers[0].input_norm.shape[0]), contract)
+        if built is None:
+            return None
+        head_tensors, head_ints = built
     return (norms, k_data, v_data, k_scales, v_scales, weights, methods, widths, groups, kinds, moe_tensors,
-            moe_ints, moe_norm_min)
+            moe_ints, moe_norm_min, head_tensors, head_ints)
 
 
-def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], contract: bool) -> tuple[list[Any], list[Any]]:
+def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], contract: bool,
+               head: Any | None = None) -> tuple[list[Any], list[Any]]:
     """What pins a cached run, cheaply: the objects it was built from (compared
     by identity) and their shapes' scalars, the weights' in-place versions and
     the switches the build read (compared by value). Caches are written in
@@ -340,10 +384,17 @@ def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], cont
             if q is not None:
                 objs += (q, w.scales)
                 vals += (w.method, w.group_size)
+    if head is not None:  # last: the run's slot in _run_inputs is keyed by the last object
+        w, q = head.weight, getattr(head.weight, "qweight", None)
+        objs += (head.norm, w) if q is None else (head.norm, q, w.scales, w)
+        vals += (head.eps, head.norm._inplace_version(),
+                 *((w._inplace_version(),) if q is None
+                   else (w.method, w.group_size, q._inplace_version(), w.scales._inplace_version())))
     return objs, vals
 
 
-def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], rows: int) -> Run | None:
+def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], rows: int,
+                head: Any | None = None) -> Run | None:
     """The op's per-layer inputs for the run (norms, caches, weights and the
     kernels' codes, widths and groups), or None when a layer does not fit.
 
@@ -357,7 +408,7 @@ def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: 
     live object's identity cannot pass to a new one."""
     contract = rows > WINT8_PACKED_MAX_ROWS
     cache = _model_runs(cos_sin)
-    objs, vals = _signature(layers, k_caches, v_caches, contract)
+    objs, vals = _signature(layers, k_caches, v_caches, contract, head)
     # the run's last weight (a MoE block's may be None): runs of one model differ there
     slot = (id(next(o for o in reversed(objs) if o is not None)), contract)
     recent = cache.recent.get(slot)
@@ -366,16 +417,17 @@ def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: 
         return recent[2]  # type: ignore[no-any-return]
     key = (contract, *_switches(), tensor_key(cos_sin, version=False),
            *(tensor_key(c, version=False) for c in k_caches),
-           *(tensor_key(c, version=False) for c in v_caches), *(layer.key() for layer in layers))
+           *(tensor_key(c, version=False) for c in v_caches), *(layer.key() for layer in layers),
+           None if head is None else head.key())
     entry = cache.runs.get(key)
     if entry is not None:
         cache.runs.move_to_end(key)
         answer = entry[1]
     else:
-        answer = _build_run(layers, cos_sin, k_caches, v_caches, contract)
-        # the entry holds every tensor its key names (through the layers), so their memory,
-        # and with it the key, cannot be reused while it is cached
-        cache.runs[key] = ((layers, k_caches, v_caches), answer)
+        answer = _build_run(layers, cos_sin, k_caches, v_caches, contract, head)
+        # the entry holds every tensor its key names (through the layers and the head), so their
+        # memory, and with it the key, cannot be reused while it is cached
+        cache.runs[key] = ((layers, k_caches, v_caches, head), answer)
         while len(cache.runs) > MAX_RUNS:
             cache.runs.popitem(last=False)
     if len(cache.recent) >= MAX_RUNS:
@@ -385,8 +437,8 @@ def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: 
 
 
 def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin: Any, metadata: Any,
-                   k_caches: list[Any], v_caches: list[Any]) -> Any:
-    """``(hidden, residual)`` after the run of layers, or None (see the module doc)."""
+                   k_caches: list[Any], v_caches: list[Any], head: Any | None = None) -> Any:
+    """``(hidden, residual)`` after the run of layers, the logits with ``head``, or None (see the module doc)."""
     rows = hidden.shape[0]
     if rows == 0 or not layers or metadata.num_decodes != rows or len(hidden.shape) != 2 or not _enabled():
         return None
@@ -398,11 +450,13 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
         return None
     if not x86_ops._host(hidden) or (residual is not None and not x86_ops._host(residual)):
         return None
-    inputs = _run_inputs(layers, cos_sin, k_caches, v_caches, rows)
+    if head is not None and (attention_only or not _head_enabled()):
+        return None
+    inputs = _run_inputs(layers, cos_sin, k_caches, v_caches, rows, head)
     if inputs is None:
         return None
     (norms, k_list, v_list, k_scales, v_scales, weights, methods, widths, groups, kinds, moe_tensors, moe_ints,
-     moe_norm_min) = inputs
+     moe_norm_min, head_tensors, head_ints) = inputs
     positions, slots, tables, lens, block_size = _step_inputs(metadata)
     dense = x86_ops._dense
     hidden = dense(hidden)
@@ -410,9 +464,11 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     int8_rows = int8_act_rows(rows) if moe_ints else 0  # the MoE blocks' opt-in, as fd_x86_moe_layer's
     out, total = load_ops().fd_x86_decoder_layers(
         hidden, hidden if residual is None else dense(residual), dense(cos_sin), positions, slots, tables, lens,
-        norms, k_list, v_list, k_scales, v_scales, weights, moe_tensors or [hidden], residual is not None, kinds,
+        norms, k_list, v_list, k_scales, v_scales, weights, moe_tensors or [hidden],
+        head_tensors[0] if head_tensors else hidden, head_tensors[1:] or [hidden, hidden], residual is not None, kinds,
         methods, widths, groups, float(first.eps),
         int(first.num_heads), int(first.num_kv_heads), bool(first.interleaved_rope), block_size,
         float(first.scale), num_threads(), moe_ints, moe_norm_min, int8_rows,
+        *_head_args(head, head_ints),
     )
-    return out, total
+    return out if head is not None else (out, total)

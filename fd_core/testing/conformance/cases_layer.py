@@ -21,7 +21,11 @@ the backend's fused kernel when its plugin declares ``FD_DECODER_LAYERS_MOE``
 and answers, else the run split at its MoE layers) against the reference's
 composition, the experts quantized with each method; the router's bias
 tiers the experts so that every token picks the same ones on both sides
-(routing itself is ``cases_moe_layer``'s).
+(routing itself is ``cases_moe_layer``'s). A run may end with the model's
+head (``DecoderHead``: the final norm and an LM head quantized like the
+layers): the backend's kernel when its plugin declares
+``FD_DECODER_LAYERS_HEAD`` (both flags for a MoE run) and answers, else the
+run and the head's own hooks, against the reference's logits.
 """
 
 from __future__ import annotations
@@ -34,7 +38,12 @@ import numpy as np
 import pytest
 
 from fd_core.ops.attention import AttentionMetadata
-from fd_core.ops.decoder import DecoderLayerWeights, MoELayerWeights, compose_decoder_layers
+from fd_core.ops.decoder import (
+    DecoderHead,
+    DecoderLayerWeights,
+    MoELayerWeights,
+    compose_decoder_layers,
+)
 from fd_core.ops.rope import rope_cos_sin
 from fd_core.testing.conformance import STATE_KEY
 from fd_core.testing.conformance.cases_attention import Step, _block_tables, _context
@@ -43,6 +52,7 @@ from fd_core.testing.conformance.cases_moe import ACT_QUANTIZED, expert_args
 from fd_core.testing.conformance.harness import Harness, Tolerance, case_rng, replace_tensors
 
 HIDDEN, INTER = 256, 512
+HEAD_VOCAB = 200  # the LM head's outputs: not a multiple of 16 (kernels' tails)
 LAYER_STEPS = [
     Step("decode-b1", 4, 2, 64, 16, (9,), ()),
     Step("decode-b5", 4, 2, 64, 16, (1, 17, 40, 64, 3), ()),
@@ -61,7 +71,8 @@ ACT_QUANT_TOLERANCE = {"w8a8": W8A8_TOLERANCE, "w4a8": W8A8_TOLERANCE,
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "method" in metafunc.fixturenames and metafunc.function.__name__ in (
-            "test_decoder_layers", "test_decoder_layers_attention_only", "test_decoder_layers_moe"):
+            "test_decoder_layers", "test_decoder_layers_attention_only", "test_decoder_layers_moe",
+            "test_decoder_layers_head"):
         state = metafunc.config.stash[STATE_KEY]
         methods = state.quant_methods()
         metafunc.parametrize("method", ["none", *methods])
@@ -125,9 +136,21 @@ def _moe_block(fd: Harness, on_reference: bool, method: str, m: dict[str, np.nda
                            w["shared_up_gate"], w["shared_down"])
 
 
+def _head(fd: Harness, on_reference: bool, method: str, h: dict[str, np.ndarray]) -> DecoderHead:
+    """The model's final norm and LM head, the head quantized with the layers' method."""
+    put = fd.host if on_reference else fd.device
+    if method == "none":
+        weight: Any = put(fd.rounded(h["weight"]))
+    else:
+        with fd.on_host():
+            quant = _reference_quantizer(method)(method, fd.host(h["weight"]))
+        weight = quant if on_reference else replace_tensors(quant, lambda t: t.to(fd.place))
+    return DecoderHead(put(h["norm"]), 1e-6, weight)
+
+
 def _run(fd: Harness, on_reference: bool, step: Step, method: str, data: dict[str, Any],
          tables: list[list[int]], num_blocks: int, with_residual: bool, kv_dtype: str = "float32",
-         attention_only: bool = False) -> tuple[Any, Any]:
+         attention_only: bool = False) -> Any:
     call = fd.call_reference if on_reference else fd.call
     put = fd.host if on_reference else fd.device
     where: contextlib.AbstractContextManager[None] = fd.on_host() if on_reference else contextlib.nullcontext()
@@ -152,11 +175,17 @@ def _run(fd: Harness, on_reference: bool, step: Step, method: str, data: dict[st
     args = {"layers": layers, "hidden": put(data["hidden"]),
             "residual": put(data["residual"]) if with_residual else None, "cos_sin": put(data["cos_sin"]),
             "metadata": meta, "k_caches": k_caches, "v_caches": v_caches}
+    if "head" in data:  # the run ends with the model's head: the logits
+        head = _head(fd, on_reference, method, data["head"])
+        if on_reference:
+            with fd.on_host():
+                return head.run(fd.reference.ops, *compose_decoder_layers(fd.reference.ops, **args))
+        return fd.call_run(**args, head=head)
     if on_reference:
         with fd.on_host():
             return compose_decoder_layers(fd.reference.ops, **args)
     if "moe" in data:  # only a plugin that declares MoE runs is asked; else the model's split run
-        return fd.call_moe_run(**args)
+        return fd.call_run(**args)
     return fd.call_fused("decoder_layers", **args)  # type: ignore[no-any-return]
 
 
@@ -183,6 +212,15 @@ def test_decoder_layers_moe(conformance: Harness, step: Step, method: str, with_
     _check_layers(conformance, step, method, with_residual, 2, "plain", moe_at=moe_at)
 
 
+@pytest.mark.parametrize("moe_at", [(), (1,)], ids=["dense", "dense+moe"])
+@pytest.mark.parametrize("step", LAYER_STEPS, ids=[s.name for s in LAYER_STEPS])
+def test_decoder_layers_head(conformance: Harness, step: Step, method: str, moe_at: tuple[int, ...]) -> None:
+    """A run that ends with the model's head: the backend's kernel where its plugin declares
+    FD_DECODER_LAYERS_HEAD (and FD_DECODER_LAYERS_MOE for the MoE run), else the run and then
+    the head's own hooks; against the reference's composition, the logits."""
+    _check_layers(conformance, step, method, True, 2, "plain", moe_at=moe_at, head=True)
+
+
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "plain"])
 @pytest.mark.parametrize("step", LAYER_STEPS, ids=[s.name for s in LAYER_STEPS])
 def test_decoder_layer_variants(conformance: Harness, step: Step, variant: str) -> None:
@@ -207,10 +245,12 @@ def test_decoder_layers_kv_dtypes(conformance: Harness, step: Step, kv_dtype: st
 
 
 def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num_layers: int, variant: str,
-                  kv_dtype: str = "float32", attention_only: bool = False, moe_at: tuple[int, ...] = ()) -> None:
+                  kv_dtype: str = "float32", attention_only: bool = False, moe_at: tuple[int, ...] = (),
+                  head: bool = False) -> None:
     rng = case_rng("decoder-layers", step.name, method, with_residual, num_layers,
                    *(() if variant == "plain" else (variant,)), *(() if kv_dtype == "float32" else (kv_dtype,)),
-                   *(("attention-only",) if attention_only else ()), *(("moe", *moe_at) if moe_at else ()))
+                   *(("attention-only",) if attention_only else ()), *(("moe", *moe_at) if moe_at else ()),
+                   *(("head",) if head else ()))
     num_blocks, tables = _block_tables(step, rng)
     ctx_slots = _context(step, tables, rng)
     tokens = sum(step.query_lens)
@@ -228,6 +268,9 @@ def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num
     }
     if moe_at:
         data["moe"] = {i: _moe_weights(rng) for i in moe_at}
+    if head:
+        data["head"] = {"norm": rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32),
+                        "weight": rng.normal(0, HIDDEN**-0.5, (HIDDEN, HEAD_VOCAB)).astype(np.float32)}
     got = _run(fd, False, step, method, data, tables, num_blocks, with_residual, kv_dtype, attention_only)
     want = _run(fd, True, step, method, data, tables, num_blocks, with_residual, kv_dtype, attention_only)
     tol = fd.tol().looser(ACT_QUANT_TOLERANCE.get(method, LAYER_TOLERANCE))
@@ -247,5 +290,9 @@ def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num
     case = (f"{step.name}: {parts} layers={num_layers} D={HIDDEN} I={INTER} H={step.heads} "
             f"Hkv={step.kv_heads} Dh={step.head_dim} query_lens={step.query_lens} seq_lens={step.seq_lens} "
             f"residual={with_residual} dtype={fd.dtype}")
+    if head:
+        fd.assert_close("decoder_layers", case + f" head: final norm + LM head V={HEAD_VOCAB} (logits)", got, want,
+                        tol)
+        return
     fd.assert_close("decoder_layers", case + " (hidden)", got[0], want[0], tol)
     fd.assert_close("decoder_layers", case + " (residual)", got[1], want[1], tol)

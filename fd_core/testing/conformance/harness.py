@@ -130,6 +130,8 @@ class Harness:
         """An optional fused op (no reference numerics of its own): the
         backend's kernel when it answers, else what the model runs then, the
         ``Ops`` method composing the unfused hooks."""
+        if op == "decoder_layers":
+            kwargs.setdefault("head", None)  # a run without the model's head (call_run hands one over)
         result = None
         if self.implements(op) and not self.is_reference:
             only_backend = self.backend.pm.subset_hook_caller(
@@ -139,13 +141,19 @@ class Harness:
         self.answers.setdefault(op, set()).add(NATIVE if result is not None else COMPOSED)
         return result if result is not None else getattr(self.backend.ops, op)(**kwargs)
 
-    def call_moe_run(self, **kwargs: Any) -> Any:
-        """``decoder_layers`` on a run whose MoE layers carry their block: the
-        backend's kernel when its plugin declares ``FD_DECODER_LAYERS_MOE`` and
-        answers, else what the model runs then (``Ops.decoder_layers`` splits
-        the run at its MoE layers)."""
+    def call_run(self, **kwargs: Any) -> Any:
+        """``decoder_layers`` on a run whose MoE layers carry their block or
+        that ends with the model's head (``head``): the backend's kernel when
+        its plugin declares the run's flags (``FD_DECODER_LAYERS_MOE``,
+        ``FD_DECODER_LAYERS_HEAD``) and answers, else what the model runs then
+        (``Ops.decoder_layers`` splits the run at its MoE layers, runs the
+        head's own hooks after it)."""
+        flags = [flag for flag, needed in (
+            ("FD_DECODER_LAYERS_MOE", any(getattr(layer, "moe", None) is not None for layer in kwargs["layers"])),
+            ("FD_DECODER_LAYERS_HEAD", kwargs.get("head") is not None)) if needed]
+        kwargs.setdefault("head", None)
         impls = self.backend.pm.hook.fd_decoder_layers.get_hookimpls()
-        others = [impl.plugin for impl in impls if not getattr(impl.plugin, "FD_DECODER_LAYERS_MOE", False)]
+        others = [impl.plugin for impl in impls if not all(getattr(impl.plugin, f, False) for f in flags)]
         result = None
         if not self.is_reference and len(others) < len(impls):
             result = self.backend.pm.subset_hook_caller("fd_decoder_layers", remove_plugins=others)(**kwargs)

@@ -698,10 +698,12 @@ PD_BUILD_OP(fd_x86_qkv_rope_cache_q8)
 //
 //   fd_x86_decoder_layers(hidden, residual, cos_sin, positions, slots, block_tables, seq_lens,
 //                         norms[2L], k_caches[L], v_caches[L], k_scales[L], v_scales[L],
-//                         weights[2 n], moe_tensors[10 M]) -> hidden, residual
+//                         weights[2 n], moe_tensors[10 M], final_norm, head[2]) -> hidden, residual
 //   kinds[L]: each layer's kind, 0 dense (4 linears), 1 attention only (2: qkv, o; the last layer
 //   only), 2 MoE (2 linears, then its MoE block); n linears in all: methods / out_features /
-//   group_sizes [n]; M MoE layers: moe_ints [11 M], moe_norm_min [M]
+//   group_sizes [n]; M MoE layers: moe_ints [11 M], moe_norm_min [M]; head_method >= 0: the run
+//   ends with the model's head (final_norm [D] with head_eps, the LM head (packed, scales) of
+//   head_out outputs and its kernel code and group) and returns the logits [T, head_out] first
 //
 // A run of L consecutive pre-norm decoder layers of a decode step (one token
 // per request, T requests), in one call. Each layer: RMSNorm (with the
@@ -751,11 +753,13 @@ std::vector<paddle::Tensor> DecoderLayers(
     const paddle::Tensor& seq_lens, const std::vector<paddle::Tensor>& norms,
     const std::vector<paddle::Tensor>& k_caches, const std::vector<paddle::Tensor>& v_caches,
     const std::vector<paddle::Tensor>& k_scales, const std::vector<paddle::Tensor>& v_scales,
-    const std::vector<paddle::Tensor>& weights, const std::vector<paddle::Tensor>& moe_tensors, bool has_residual,
+    const std::vector<paddle::Tensor>& weights, const std::vector<paddle::Tensor>& moe_tensors,
+    const paddle::Tensor& final_norm, const std::vector<paddle::Tensor>& head, bool has_residual,
     const std::vector<int>& kinds, const std::vector<int>& methods,
     const std::vector<int64_t>& out_features, const std::vector<int>& group_sizes, float eps, int64_t num_heads,
     int64_t num_kv_heads, bool interleaved, int64_t block_size, float scale, int threads,
-    const std::vector<int>& moe_ints, const std::vector<float>& moe_norm_min, int int8_act_rows) {
+    const std::vector<int>& moe_ints, const std::vector<float>& moe_norm_min, int int8_act_rows, int head_method,
+    int64_t head_out, int head_group, float head_eps) {
   const char* op = "fd_x86_decoder_layers";
   check_isa(op);
   check_f32(op, "hidden", hidden);
@@ -849,8 +853,21 @@ std::vector<paddle::Tensor> DecoderLayers(
   }
   for (int64_t b = 0; b < T; ++b)
     PD_CHECK(plans[0].attn.seq_lens[b] >= 1, op, ": request ", b, " has no cached tokens");
+  // the model's head after the last layer (head_method >= 0): final norm, then the LM head -> logits
+  const bool has_head = head_method >= 0;
+  fdx86::LinearArgs head_lin;
+  if (has_head) {
+    PD_CHECK(kinds[L - 1] != kAttentionOnlyLayer, op, ": a run that ends attention only cannot end with the head");
+    check_f32(op, "final_norm", final_norm);
+    PD_CHECK(final_norm.numel() == D, op, ": the final norm weight must have D = ", D, " values, got ",
+             final_norm.numel());
+    PD_CHECK(head.size() == 2 && head_out > 0, op, ": the head needs (packed, scales) and out_features > 0, got ",
+             head.size(), " tensors and ", head_out);
+    head_lin = fdx86::packed_linear_args(op, nullptr, T, D, head[0], head[1], head_method, head_out, head_group,
+                                         nthreads);
+  }
 
-  paddle::Tensor h_out = paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  paddle::Tensor h_out = paddle::empty({T, has_head ? head_out : D}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   paddle::Tensor res_out = paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace());
   if (T == 0) return {h_out, res_out};
   // scratch, uninitialized (every element is written before it is read): one
@@ -880,7 +897,7 @@ std::vector<paddle::Tensor> DecoderLayers(
   for (size_t l = 0; l < L; ++l) {
     LayerPlan& p = plans[l];
     const bool last = l + 1 == L;
-    float* h_next = last ? h_out.data<float>() : h_bufs[l % 2];
+    float* h_next = last && !has_head ? h_out.data<float>() : h_bufs[l % 2];
     float* r_next = last ? res_out.data<float>() : r_bufs[l % 2];
     // input norm: r_mid = h_in + r_in (or h_in itself in the first layer)
     const float* res = h_in;
@@ -925,7 +942,7 @@ std::vector<paddle::Tensor> DecoderLayers(
     if (p.kind == kMoeLayer) {
       fdx86::rms_norm_avx2(o, res, p.post_norm, moe_x.data<float>(), r_next, T, D, eps, nthreads);
       moe_y = fdx86::moe_layer_run(moe_x, p.moe, nthreads, int8_act_rows);
-      if (last) std::copy_n(moe_y.data<float>(), T * D, h_next);
+      if (last && !has_head) std::copy_n(moe_y.data<float>(), T * D, h_next);
       h_in = moe_y.data<float>();  // the next layer reads it in its input norm only (r_in is set)
       r_in = r_next;
       continue;
@@ -941,6 +958,12 @@ std::vector<paddle::Tensor> DecoderLayers(
     h_in = h_next;
     r_in = r_next;
   }
+  if (has_head) {  // logits = head(norm(h + r)); h_in / r_in: the last layer's output and residual stream
+    fdx86::rms_norm_avx2(h_in, r_in, final_norm.data<float>(), x, r_mid, T, D, head_eps, nthreads);
+    head_lin.x = x;
+    head_lin.out = h_out.data<float>();
+    fdx86::run_packed_linear(head_lin, head_method);
+  }
   return {h_out, res_out};
 }
 
@@ -950,8 +973,8 @@ std::vector<std::vector<int64_t>> DecoderLayersShape(
     const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&,
     const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&,
     const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&,
-    const std::vector<std::vector<int64_t>>&) {
-  return {hidden, hidden};
+    const std::vector<std::vector<int64_t>>&, const std::vector<int64_t>&, const std::vector<std::vector<int64_t>>&) {
+  return {{hidden[0], -1}, hidden};  // HiddenOut: [T, D], or the logits [T, V] with a head
 }
 
 std::vector<paddle::DataType> DecoderLayersDtype(
@@ -959,7 +982,8 @@ std::vector<paddle::DataType> DecoderLayersDtype(
     const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const std::vector<paddle::DataType>&,
     const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&,
     const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&,
-    const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&) {
+    const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&, const paddle::DataType&,
+    const std::vector<paddle::DataType>&) {
   return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
 }
 
@@ -968,12 +992,13 @@ std::vector<paddle::DataType> DecoderLayersDtype(
 PD_BUILD_OP(fd_x86_decoder_layers)
     .Inputs({"Hidden", "Residual", "CosSin", "Positions", "Slots", "BlockTables", "SeqLens", paddle::Vec("Norms"),
              paddle::Vec("KCaches"), paddle::Vec("VCaches"), paddle::Vec("KScales"), paddle::Vec("VScales"),
-             paddle::Vec("Weights"), paddle::Vec("MoeTensors")})
+             paddle::Vec("Weights"), paddle::Vec("MoeTensors"), "FinalNorm", paddle::Vec("Head")})
     .Outputs({"HiddenOut", "ResidualOut"})
     .Attrs({"has_residual: bool", "kinds: std::vector<int>", "methods: std::vector<int>",
             "out_features: std::vector<int64_t>", "group_sizes: std::vector<int>", "eps: float", "num_heads: int64_t",
             "num_kv_heads: int64_t", "interleaved: bool", "block_size: int64_t", "scale: float", "threads: int",
-            "moe_ints: std::vector<int>", "moe_norm_min: std::vector<float>", "int8_act_rows: int"})
+            "moe_ints: std::vector<int>", "moe_norm_min: std::vector<float>", "int8_act_rows: int",
+            "head_method: int", "head_out: int64_t", "head_group: int", "head_eps: float"})
     .SetKernelFn(PD_KERNEL(DecoderLayers))
     .SetInferShapeFn(PD_INFER_SHAPE(DecoderLayersShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(DecoderLayersDtype));
