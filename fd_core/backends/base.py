@@ -83,6 +83,12 @@ class Ops:
         # ends attention only to plugins that declare both. None: no plugin does.
         impls = hooks.fd_decoder_layers.get_hookimpls()
 
+        for impl in impls:  # a plugin handed the head must take it: else it would answer (hidden, residual)
+            if getattr(impl.plugin, "FD_DECODER_LAYERS_HEAD", False) and "head" not in impl.argnames:
+                raise ValueError(f"plugin {impl.plugin_name!r} declares FD_DECODER_LAYERS_HEAD, but its "
+                                 "fd_decoder_layers takes no 'head' argument; expected (layers, hidden, residual, "
+                                 "cos_sin, metadata, k_caches, v_caches, head)")
+
         def declaring(*flags: str) -> Dispatch | None:
             others = [impl.plugin for impl in impls if not all(getattr(impl.plugin, f, False) for f in flags)]
             if not fuse_layers or len(others) == len(impls):

@@ -80,9 +80,13 @@ def dense16_linear(x: Any, weight: Any, bias: Any | None = None, kernel: str = "
     x2 = x if len(shape) == 2 else x.reshape([-1, d_in])
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    if kernel == "auto":  # resolved here (the op's own auto is the same rule) so tests can move the threshold
+    if kernel == "auto":
+        # below GEMM_MIN_ROWS (and for fp16, or without avx512_bf16) the stream kernel, resolved here so
+        # tests can move the threshold; from it the op's own choice (kDense16Auto: AMX-BF16 where the CPU
+        # has it, else the vdpbf16ps GEMM), which is the one fd_x86_decoder_layers makes for a 16-bit
+        # linear or head in a run: a row's result does not depend on which path ran
         gemm = x2.shape[0] >= GEMM_MIN_ROWS and str(weight.dtype) == "paddle.bfloat16" and _has_bf16_dot()
-        kernel = "gemm" if gemm else "stream"
+        kernel = "auto" if gemm else "stream"
     out = load_ops().fd_x86_dense16_linear(x2, weight, threads or num_threads(), KERNELS[kernel])
     if len(shape) != 2:
         out = out.reshape(list(shape[:-1]) + [d_out])

@@ -81,9 +81,12 @@ from fd_x86.linear import (
     _INT8_ACT_METHOD,
     _PACKED_METHOD,
     METHODS,
+    PREFILL_INT8_MIN_ROWS,
     WINT8_PACKED_MAX_ROWS,
+    _has_vnni,
     _packed,
     _use_packed,
+    prefill_int8_enabled,
     wint4_words,
 )
 from fd_x86.moe import int8_act_rows, layer_enabled, layer_in_run
@@ -107,7 +110,7 @@ MAX_RUNS = 32
 class _ModelRuns:
     def __init__(self) -> None:
         self.runs: OrderedDict[Hashable, tuple[Any, Any]] = OrderedDict()
-        self.recent: dict[tuple[int, bool], tuple[list[Any], list[Any], Any]] = {}
+        self.recent: dict[tuple[int, int], tuple[list[Any], list[Any], Any]] = {}
 
 
 _MODELS: dict[int, tuple[Any, _ModelRuns]] = {}
@@ -168,12 +171,25 @@ def _fp32(norm: Any) -> Any:
     return x86_ops._dense(norm)
 
 
-def _packed_linear(quant: Any, contract: bool) -> tuple[list[Any], int, int, int] | None:
+PACKED_ROWS, CONTRACT_ROWS, INT8_ACT_ROWS = 0, 1, 2  # a call's rows as the linears' kernel choice sees them
+
+
+def _rows_mode(rows: int) -> int:
+    """``INT8_ACT_ROWS`` where ``fd_linear`` would run wint8 / wint4 on int8
+    activations (the opt-in ``FD_X86_PREFILL_INT8_ACT`` at ``PREFILL_INT8_MIN_ROWS``
+    rows and more), ``CONTRACT_ROWS`` above ``WINT8_PACKED_MAX_ROWS`` (wint8's
+    contract-layout kernel), else ``PACKED_ROWS``."""
+    if rows >= PREFILL_INT8_MIN_ROWS and prefill_int8_enabled() and _has_vnni():
+        return INT8_ACT_ROWS
+    return CONTRACT_ROWS if rows > WINT8_PACKED_MAX_ROWS else PACKED_ROWS
+
+
+def _packed_linear(quant: Any, mode: int) -> tuple[list[Any], int, int, int] | None:
     """One linear as the op takes it: its (weight, scales) tensors, kernel
     code, output width and wint4 group; None when it has no kernel here.
-    The kernel is the one ``fd_linear`` runs for the same rows (``contract``:
-    more than ``WINT8_PACKED_MAX_ROWS``), so a row's result does not depend
-    on whether the linear ran in a run."""
+    The kernel is the one ``fd_linear`` runs for the same rows (``mode``:
+    ``_rows_mode``), so a row's result does not depend on whether the linear
+    ran in a run."""
     if not isinstance(quant, QuantizedWeight):
         # an unquantized 16-bit weight, read in place by fd_x86.dense16's kernel
         code = DENSE16.get(str(getattr(quant, "dtype", "")))
@@ -187,6 +203,18 @@ def _packed_linear(quant: Any, contract: bool) -> tuple[list[Any], int, int, int
             return None
         return [fp8_resident_codes(quant), quant.scales], BLOCK_FP8, int(quant.out_features), -1
     group = int(quant.group_size) if quant.group_size and quant.group_size > 0 else -1
+    if mode == INT8_ACT_ROWS and quant.method in _INT8_ACT_METHOD:
+        # the opt-in int8 activations, as fd_x86.linear._int8_act_linear (else its fp32 path below)
+        if quant.method == "wint8":
+            if len(quant.qweight.shape) != 2 or not quant.qweight.is_contiguous() \
+                    or not quant.scales.is_contiguous():
+                return None
+            return [quant.qweight, quant.scales], _INT8_ACT_METHOD["wint8"], int(quant.out_features), -1
+        if wint4_words(int(quant.in_features), group):
+            packed = _packed(quant)
+            if packed is None:
+                return None
+            return list(packed), _INT8_ACT_METHOD["wint4"], int(quant.out_features), group
     if quant.method == "w4a8":
         # int4 words with per-token int8 activations on VNNI (fd_x86.linear.w4a8_linear's kernel)
         packed = _packed(quant) if _use_packed("auto") and wint4_words(int(quant.in_features), group) else None
@@ -195,7 +223,7 @@ def _packed_linear(quant: Any, contract: bool) -> tuple[list[Any], int, int, int
         return list(packed), _INT8_ACT_METHOD["wint4"], int(quant.out_features), group
     if quant.method not in METHODS:
         return None
-    if quant.method == "wint8" and contract:
+    if quant.method == "wint8" and mode != PACKED_ROWS:
         # the contract layout's kernel, as fd_x86.linear picks at this many rows
         if len(quant.qweight.shape) != 2 or not quant.qweight.is_contiguous() or not quant.scales.is_contiguous():
             return None
@@ -206,14 +234,14 @@ def _packed_linear(quant: Any, contract: bool) -> tuple[list[Any], int, int, int
     return list(packed), _PACKED_METHOD[quant.method], int(quant.out_features), group
 
 
-def _packed_linears(layer: Any, contract: bool) -> tuple[list[Any], list[int], list[int], list[int]] | None:
+def _packed_linears(layer: Any, mode: int) -> tuple[list[Any], list[int], list[int], list[int]] | None:
     """The four linears' (two in an attention-only or MoE layer) (weight,
     scales) tensors, kernel codes, output widths and wint4 groups; None when
     one has no kernel here."""
     weights, methods, widths, groups = [], [], [], []
     linears = (layer.qkv, layer.o) if layer.up_gate is None else (layer.qkv, layer.o, layer.up_gate, layer.down)
     for quant in linears:
-        one = _packed_linear(quant, contract)
+        one = _packed_linear(quant, mode)
         if one is None:
             return None
         weights += one[0]
@@ -276,19 +304,19 @@ Run = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any], li
 DENSE_LAYER, ATTENTION_ONLY_LAYER, MOE_LAYER = 0, 1, 2  # the op's layer kinds
 
 
-def _build_head(head: Any, width: int, contract: bool) -> tuple[list[Any], list[int]] | None:
+def _build_head(head: Any, width: int, mode: int) -> tuple[list[Any], list[int]] | None:
     """The head's tensors (fp32 final norm, weight, scales) and ints (kernel code, width, group) as the op
     takes them, or None where it does not fit (its norm, or an LM head with no kernel in a run here)."""
     norm = head.norm
     if not (norm.place.is_cpu_place() and norm.dtype in _norm_dtypes() and int(norm.numel()) == width):
         return None
-    linear = _packed_linear(head.weight, contract)
+    linear = _packed_linear(head.weight, mode)
     if linear is None:
         return None
     return [_fp32(norm), *linear[0]], [linear[1], linear[2], linear[3]]
 
 
-def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], contract: bool,
+def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], mode: int,
                head: Any | None = None) -> Run | None:
     if not (len(layers) == len(k_caches) == len(v_caches)) or not _same_shape(layers) \
             or any(layer.attention_only for layer in layers[:-1]):
@@ -308,7 +336,7 @@ def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: l
     moe_norm_min: list[float] = []
     for layer, k_cache, v_cache in zip(layers, k_caches, v_caches):
         pools = x86_ops._kv_parts(k_cache, v_cache)
-        linears = _packed_linears(layer, contract) if _fits(layer, cos_sin, pools) else None
+        linears = _packed_linears(layer, mode) if _fits(layer, cos_sin, pools) else None
         if linears is None or pools is None:
             return None
         if layer.moe is not None:
@@ -334,7 +362,7 @@ def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: l
     head_tensors: list[Any] = []
     head_ints: list[int] = []
     if head is not None:
-        built = _build_head(head, int(layers[0].input_norm.shape[0]), contract)
+        built = _build_head(head, int(layers[0].input_norm.shape[0]), mode)
         if built is None:
             return None
         head_tensors, head_ints = built
@@ -342,7 +370,7 @@ def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: l
             moe_ints, moe_norm_min, head_tensors, head_ints)
 
 
-def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], contract: bool,
+def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], mode: int,
                head: Any | None = None) -> tuple[list[Any], list[Any]]:
     """What pins a cached run, cheaply: the objects it was built from (compared
     by identity) and their shapes' scalars, the weights' in-place versions and
@@ -350,7 +378,7 @@ def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], cont
     place by design: identity only. The rotary table is the per-model cache's
     key (``_model_runs``), so it is not held here."""
     objs: list[Any] = [*k_caches, *v_caches]
-    vals: list[Any] = [contract, *_switches()]
+    vals: list[Any] = [mode, *_switches()]
     for cache in (*k_caches, *v_caches):
         codes = getattr(cache, "codes", None)  # an 8-bit pool: its codes and scales may be replaced
         if codes is not None:
@@ -406,16 +434,16 @@ def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: 
     ~280 us for the content key, whose nested tuple is costly to build and
     hash). Identity is sound there because the entry holds the objects: a
     live object's identity cannot pass to a new one."""
-    contract = rows > WINT8_PACKED_MAX_ROWS
+    mode = _rows_mode(rows)
     cache = _model_runs(cos_sin)
-    objs, vals = _signature(layers, k_caches, v_caches, contract, head)
+    objs, vals = _signature(layers, k_caches, v_caches, mode, head)
     # the run's last weight (a MoE block's may be None): runs of one model differ there
-    slot = (id(next(o for o in reversed(objs) if o is not None)), contract)
+    slot = (id(next(o for o in reversed(objs) if o is not None)), mode)
     recent = cache.recent.get(slot)
     if recent is not None and recent[1] == vals and len(recent[0]) == len(objs) \
             and all(map(operator.is_, recent[0], objs)):
         return recent[2]  # type: ignore[no-any-return]
-    key = (contract, *_switches(), tensor_key(cos_sin, version=False),
+    key = (mode, *_switches(), tensor_key(cos_sin, version=False),
            *(tensor_key(c, version=False) for c in k_caches),
            *(tensor_key(c, version=False) for c in v_caches), *(layer.key() for layer in layers),
            None if head is None else head.key())
@@ -424,7 +452,7 @@ def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: 
         cache.runs.move_to_end(key)
         answer = entry[1]
     else:
-        answer = _build_run(layers, cos_sin, k_caches, v_caches, contract, head)
+        answer = _build_run(layers, cos_sin, k_caches, v_caches, mode, head)
         # the entry holds every tensor its key names (through the layers and the head), so their
         # memory, and with it the key, cannot be reused while it is cached
         cache.runs[key] = ((layers, k_caches, v_caches, head), answer)
@@ -450,8 +478,9 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
         return None
     if not x86_ops._host(hidden) or (residual is not None and not x86_ops._host(residual)):
         return None
-    if head is not None and (attention_only or not _head_enabled()):
-        return None
+    if head is not None and (attention_only or not _head_enabled() or (
+            not isinstance(head.weight, QuantizedWeight) and _packed_linear(head.weight, PACKED_ROWS) is None)):
+        return None  # a float head it cannot take (fp32), told cheaply: before the run's signature
     inputs = _run_inputs(layers, cos_sin, k_caches, v_caches, rows, head)
     if inputs is None:
         return None

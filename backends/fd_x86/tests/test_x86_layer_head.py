@@ -82,7 +82,9 @@ HEADS = ["wint8", "wint4", "w8a8", "w4a8", "bfloat16"]
 
 
 @pytest.mark.parametrize("form", HEADS)
-@pytest.mark.parametrize("batch", [1, 9])  # 9: wint8's contract-layout kernel, as fd_linear picks there
+# 9: wint8's contract-layout kernel, as fd_linear picks there; 17 / 33: a bf16 head's GEMM (AMX-BF16 where the
+# CPU has it, the wide-matrix rule from 32 rows)
+@pytest.mark.parametrize("batch", [1, 9, 17, 33])
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_the_head_in_the_run_equals_the_head_after_it(x86_ops: Any, monkeypatch: pytest.MonkeyPatch, form: str,
                                                       batch: int, moe: bool) -> None:
@@ -157,7 +159,7 @@ def test_the_head_is_checked_before_any_cache_write(monkeypatch: pytest.MonkeyPa
     before = [t.numpy().copy() for c in caches for t in c]
     positions, slots, tables, lens, block_size = fused._step_inputs(step.meta())
     first = layers[0]
-    with pytest.raises(Exception, match="fd_x86_decoder_layers"):
+    with pytest.raises(Exception, match="fd_x86_decoder_layers.*packed weight has"):
         build.load_ops().fd_x86_decoder_layers(
             hidden, residual, step.cos_sin, positions, slots, tables, lens, *inputs[:6], [hidden],
             bad[0][0], bad[0][1:], True, inputs[9], inputs[6], inputs[7], inputs[8], float(first.eps),
@@ -165,6 +167,54 @@ def test_the_head_is_checked_before_any_cache_write(monkeypatch: pytest.MonkeyPa
             float(first.scale), 2, [], [], 0, bad[1][0], bad[1][1], bad[1][2], 1e-6)
     for b, after in zip(before, (t for pair in caches for t in pair)):
         np.testing.assert_array_equal(b, after.numpy())
+
+
+@pytest.mark.parametrize("head_form", ["wint8", "wint4"])
+def test_opt_in_int8_activations_apply_in_the_run_as_in_fd_linear(x86_ops: Any, monkeypatch: pytest.MonkeyPatch,
+                                                                  head_form: str) -> None:
+    """FD_X86_PREFILL_INT8_ACT=1 at 33 rows: the run's wint8 / wint4 linears and head take the int8-activation
+    kernels fd_linear takes for as many rows, so the logits equal the head after the run and the layers one by
+    one (FD_X86_FUSED_LAYER=0), and differ from the fp32-activation kernels' (the opt-in is seen)."""
+    if not fd_x86.offline.available():
+        pytest.skip("the int8-activation kernels need AVX-512 VNNI")
+    layers = [_layer("wint8"), _layer("wint4")]
+    step = _step(33, True, seed=12)
+    head = _head(head_form)
+    monkeypatch.setenv("FD_X86_PREFILL_INT8_ACT", "1")
+    got, got_caches = _logits(x86_ops, layers, step, head, True, monkeypatch)
+    want, want_caches = _logits(x86_ops, layers, step, head, False, monkeypatch)
+    np.testing.assert_array_equal(got, want)
+    monkeypatch.setenv("FD_X86_FUSED_LAYER", "0")
+    fused._enabled.cache_clear()
+    unfused, unfused_caches = _logits(x86_ops, layers, step, head, False, monkeypatch)
+    monkeypatch.delenv("FD_X86_FUSED_LAYER")
+    fused._enabled.cache_clear()
+    np.testing.assert_array_equal(got, unfused)
+    for g, w, u in zip(got_caches, want_caches, unfused_caches):
+        np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(g, u)
+    monkeypatch.delenv("FD_X86_PREFILL_INT8_ACT")
+    fp32_act, _ = _logits(x86_ops, layers, step, head, True, monkeypatch)
+    assert not np.array_equal(got, fp32_act)
+
+
+def test_a_plugin_declaring_heads_must_take_the_head() -> None:
+    """A plugin that declares FD_DECODER_LAYERS_HEAD but whose fd_decoder_layers has no ``head`` argument would
+    hand back (hidden, residual) as the logits: Ops refuses it at start, naming the plugin."""
+    from fd_core.backends import cpu
+    from fd_core.backends.base import Ops
+    from fd_core.plugins import hookimpl
+    from fd_core.plugins.manager import make_plugin_manager
+
+    class _Old:
+        FD_DECODER_LAYERS_HEAD = True
+
+        @hookimpl
+        def fd_decoder_layers(self, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches):  # noqa: ANN001, ANN201
+            return None
+
+    with pytest.raises(ValueError, match="declares FD_DECODER_LAYERS_HEAD, but its fd_decoder_layers takes no 'head'"):
+        Ops(make_plugin_manager(cpu, _Old()), "old")
 
 
 @pytest.mark.parametrize("checkpoint,quantization", [
