@@ -13,30 +13,19 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fd_x86 import backend, build
+from fd_x86 import build
 
 paddle = pytest.importorskip("paddle")
 
 import fd_x86.layer as fused  # noqa: E402
 import fd_x86.offline  # noqa: E402
-from fd_x86.linear import _use_packed  # noqa: E402
-from test_x86_layer import HIDDEN, _layer, _step, _t  # noqa: E402
+from test_x86_layer import HIDDEN, _layer, _step, _t, usable  # noqa: E402, F401 (usable: its module fixture)
 from test_x86_layer_moe_run import _block, _moe_layer  # noqa: E402
 
 from fd_core.ops.decoder import DecoderHead  # noqa: E402
 from fd_core.quantization.weights import quantize_weight  # noqa: E402
 
 VOCAB = 200  # not a multiple of 16: the packed kernels' tail
-
-
-@pytest.fixture(scope="module", autouse=True)
-def usable() -> None:
-    availability = backend.fd_device_availability()
-    if not availability.usable:
-        pytest.skip(f"x86 backend unusable here: {availability.reason}")
-    if not _use_packed("auto"):
-        pytest.skip("no packed kernels here (AVX-512 VNNI, FD_X86_REPACK): the fused layer always declines")
-    build.load_ops()
 
 
 @pytest.fixture(autouse=True)
