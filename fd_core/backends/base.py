@@ -217,43 +217,39 @@ class Ops:
         ``[T, V]``: a plugin declaring ``FD_DECODER_LAYERS_HEAD`` runs the
         head inside the run, else the run as above and then ``head.run``."""
         has_moe = any(getattr(layer, "moe", None) is not None for layer in layers)
+        args = (layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
         if head is not None:
             if layers and layers[-1].attention_only:
                 raise ValueError("decoder_layers: a run that ends attention only cannot end with the head")
-            call = self._fd_decoder_layers_moe_head if has_moe else self._fd_decoder_layers_head
-            if call is not None:
-                logits = call(
-                    layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
-                    k_caches=k_caches, v_caches=v_caches, head=head,
-                )
-                if logits is not None:
-                    return logits
-            hidden, residual = self.decoder_layers(layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
+            logits = self._ask(self._fd_decoder_layers_moe_head if has_moe else self._fd_decoder_layers_head,
+                               *args, head)
+            if logits is not None:
+                return logits  # type: ignore[no-any-return]
+            hidden, residual = self.decoder_layers(*args)
             return head.run(self, hidden, residual)
         if has_moe:
-            call = (self._fd_decoder_layers_moe_attention_only if layers[-1].attention_only
-                    else self._fd_decoder_layers_moe)
-            if call is not None:
-                fused = call(
-                    layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
-                    k_caches=k_caches, v_caches=v_caches, head=None,
-                )
-                if fused is not None:
-                    return fused  # type: ignore[no-any-return]
-            return self._split_moe_run(layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
+            fused = self._ask(self._fd_decoder_layers_moe_attention_only if layers[-1].attention_only
+                              else self._fd_decoder_layers_moe, *args)
+            return fused if fused is not None else self._split_moe_run(*args)
         attention_only = bool(layers) and getattr(layers[-1], "attention_only", False)
-        call = self._fd_decoder_layers_attention_only if attention_only else (
-            self._fd_decoder_layers if self._fuses_layers else None)
-        if call is not None:
-            fused = call(
-                layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
-                k_caches=k_caches, v_caches=v_caches, head=None,
-            )
-            if fused is not None:
-                return fused  # type: ignore[no-any-return]
+        fused = self._ask(self._fd_decoder_layers_attention_only if attention_only else (
+            self._fd_decoder_layers if self._fuses_layers else None), *args)
+        if fused is not None:
+            return fused  # type: ignore[no-any-return]
         from fd_core.ops.decoder import compose_decoder_layers
 
         return compose_decoder_layers(self, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
+
+    @staticmethod
+    def _ask(
+        call: Dispatch | None, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor,
+        metadata: Any, k_caches: list[KVPool], v_caches: list[KVPool], head: Any | None = None,
+    ) -> Any:
+        """``fd_decoder_layers`` through ``call`` (a subset of the plugins, or None: none asked)."""
+        if call is None:
+            return None
+        return call(layers=layers, hidden=hidden, residual=residual, cos_sin=cos_sin, metadata=metadata,
+                    k_caches=k_caches, v_caches=v_caches, head=head)
 
     def _split_moe_run(
         self, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor, metadata: Any,

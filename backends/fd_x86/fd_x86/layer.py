@@ -479,8 +479,8 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     if not x86_ops._host(hidden) or (residual is not None and not x86_ops._host(residual)):
         return None
     if head is not None and (attention_only or not _head_enabled() or (
-            not isinstance(head.weight, QuantizedWeight) and _packed_linear(head.weight, PACKED_ROWS) is None)):
-        return None  # a float head it cannot take (fp32), told cheaply: before the run's signature
+            not isinstance(head.weight, QuantizedWeight) and str(head.weight.dtype) not in DENSE16)):
+        return None  # an fp32 head (no kernel in a run), told by its dtype: before the run's signature
     inputs = _run_inputs(layers, cos_sin, k_caches, v_caches, rows, head)
     if inputs is None:
         return None
