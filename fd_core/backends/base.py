@@ -103,6 +103,11 @@ class Ops:
         # runs that end with the model's head (a DecoderHead: logits out) to FD_DECODER_LAYERS_HEAD = True
         self._fd_decoder_layers_head = declaring("FD_DECODER_LAYERS_HEAD")
         self._fd_decoder_layers_moe_head = declaring("FD_DECODER_LAYERS_MOE", "FD_DECODER_LAYERS_HEAD")
+        # such runs that also start at the token embedding (a DecoderEmbedding as hidden) to plugins that
+        # declare FD_DECODER_LAYERS_EMBEDDING = True as well
+        self._fd_decoder_layers_embedding_head = declaring("FD_DECODER_LAYERS_HEAD", "FD_DECODER_LAYERS_EMBEDDING")
+        self._fd_decoder_layers_moe_embedding_head = declaring(
+            "FD_DECODER_LAYERS_MOE", "FD_DECODER_LAYERS_HEAD", "FD_DECODER_LAYERS_EMBEDDING")
 
     @property
     def fuses_moe_runs(self) -> bool:
@@ -117,6 +122,13 @@ class Ops:
         (``FD_DECODER_LAYERS_HEAD``): a model hands its head to the run only
         then (without one, ``decoder_layers(head=...)`` runs the head's own hooks)."""
         return self._fd_decoder_layers_head is not None
+
+    @property
+    def fuses_embeddings(self) -> bool:
+        """Whether a plugin takes runs that start at the token embedding and end
+        with the head (``FD_DECODER_LAYERS_EMBEDDING`` and ``_HEAD``): a model
+        hands its embedding to such a run only then."""
+        return self._fd_decoder_layers_embedding_head is not None
 
     def implementers(self, op: str) -> list[str]:
         """The plugins that may answer ``op`` (e.g. ``"linear"``), in the
@@ -199,12 +211,12 @@ class Ops:
 
     @overload
     def decoder_layers(
-        self, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
+        self, layers: list[Any], hidden: Any, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
         k_caches: list[KVPool], v_caches: list[KVPool], head: Any,
     ) -> Tensor: ...
 
     def decoder_layers(
-        self, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
+        self, layers: list[Any], hidden: Any, residual: Tensor | None, cos_sin: Tensor, metadata: Any,
         k_caches: list[KVPool], v_caches: list[KVPool], head: Any | None = None,
     ) -> tuple[Tensor, Tensor] | Tensor:
         """A run of dense decoder layers (the last may be attention only; any
@@ -215,8 +227,31 @@ class Ops:
         ``moe_layer`` (``fd_core.ops.decoder``). With ``head`` (a
         ``DecoderHead``; the run must not end attention only) -> the logits
         ``[T, V]``: a plugin declaring ``FD_DECODER_LAYERS_HEAD`` runs the
-        head inside the run, else the run as above and then ``head.run``."""
+        head inside the run, else the run as above and then ``head.run``.
+        A run with ``head`` may start at the token embedding: ``hidden`` a
+        ``DecoderEmbedding`` (``residual`` None), which a plugin declaring
+        ``FD_DECODER_LAYERS_EMBEDDING`` too takes in the run; for the rest
+        its rows are taken first.
+        """
         has_moe = any(getattr(layer, "moe", None) is not None for layer in layers)
+        if not hasattr(hidden, "shape"):  # not a tensor: the run starts at the embedding
+            from fd_core.ops.decoder import DecoderEmbedding
+
+            if not isinstance(hidden, DecoderEmbedding):
+                raise TypeError(f"decoder_layers: hidden must be a [T, D] tensor or a DecoderEmbedding, got "
+                                f"{type(hidden).__name__}")
+            if residual is not None or head is None:
+                raise ValueError("decoder_layers: a run that starts at the embedding (a DecoderEmbedding) must be "
+                                 "the model's first (residual None) and end with the head; got residual "
+                                 f"{'set' if residual is not None else 'None'}, head "
+                                 f"{'None' if head is None else 'set'}")
+            if not (layers and layers[-1].attention_only):
+                logits = self._ask(self._fd_decoder_layers_moe_embedding_head if has_moe
+                                   else self._fd_decoder_layers_embedding_head,
+                                   layers, hidden, residual, cos_sin, metadata, k_caches, v_caches, head)
+                if logits is not None:
+                    return logits  # type: ignore[no-any-return]
+            hidden = hidden.run()
         args = (layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
         if head is not None:
             if layers and layers[-1].attention_only:

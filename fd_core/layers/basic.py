@@ -93,7 +93,12 @@ class RMSNorm:
         """The weight as a kernel takes it for activations ``x``: a 16-bit weight
         under fp32 activations as its cached fp32 copy, else the weight itself."""
         weight = self.weight.data
-        if weight.dtype != x.dtype and x.dtype == paddle.float32:
+        return self.fp32_weight() if weight.dtype != x.dtype and x.dtype == paddle.float32 else weight
+
+    def fp32_weight(self) -> Any:
+        """The weight as fp32 activations take it (``weight_for`` an fp32 ``x``)."""
+        weight = self.weight.data
+        if weight.dtype != paddle.float32:
             widened = self._widened
             if widened is None or widened[0] is not weight or widened[1] != weight._inplace_version():
                 widened = self._widened = (weight, weight._inplace_version(), weight.astype("float32"))

@@ -22,7 +22,7 @@ from fd_core.layers.mlp import GatedMLP, MoE
 from fd_core.layers.param import Param
 from fd_core.models.base import Target
 from fd_core.models.config import ModelConfig
-from fd_core.ops.decoder import DecoderHead, DecoderLayerWeights
+from fd_core.ops.decoder import DecoderEmbedding, DecoderHead, DecoderLayerWeights
 from fd_core.ops.kv_dtype import StaticKVScales
 from fd_core.ops.rope import rope_cos_sin
 
@@ -170,20 +170,26 @@ class Ernie4_5ForCausalLM:
         """``input_ids [T]`` -> logits ``[N, V]`` at rows ``logits_indices [N]`` (None: every row).
         When every row's logits are wanted and a plugin takes the head in a run
         (``Ops.fuses_heads``), the last run of whole layers ends with the final
-        norm and the LM head (``DecoderHead``): a decode step is one call after
-        the embedding."""
-        h = self.embed_ids(input_ids)  # [T, D] fp32
-        residual = None
+        norm and the LM head (``DecoderHead``), and where the model is that one
+        run and a plugin takes it, starts at the token embedding
+        (``DecoderEmbedding``): a decode step is one call."""
         last_start, last_end = self._runs[-1]
         if logits_indices is None and not self.keep_hidden and self.ops.fuses_heads \
                 and type(self.lm_head) is Linear and self.layers[last_end - 1].fused \
                 and self.layers[last_end - 1].runs_whole:
+            # the whole model one run: it starts at the embedding where a plugin takes that too
+            h: Any = DecoderEmbedding(self.embed_tokens.data, input_ids) \
+                if last_start == 0 and self.ops.fuses_embeddings \
+                and type(self).embed_ids is Ernie4_5ForCausalLM.embed_ids else self.embed_ids(input_ids)
+            residual = None
             for start, end in self._runs[:-1]:
                 h, residual = self._run(start, end, h, residual, meta, caches)
             run = range(last_start, last_end)
-            head = DecoderHead(self.norm.weight_for(h), self.norm.eps, self.lm_head.weight.data)
+            head = DecoderHead(self.norm.fp32_weight(), self.norm.eps, self.lm_head.weight.data)
             return self.ops.decoder_layers([self.layers[i].weights() for i in run], h, residual, self.cos_sin, meta,
                                            [caches[i].k for i in run], [caches[i].v for i in run], head)
+        h = self.embed_ids(input_ids)  # [T, D] fp32
+        residual = None
         for start, end in self._runs:
             h, residual = self._run(start, end, h, residual, meta, caches)
         h, _ = self.norm(h, residual)

@@ -54,6 +54,10 @@ class AttentionMetadata:
     positions: Any  # [T] int64 paddle tensor, absolute position of each new token
     slot_mapping: Any  # [T] int64 paddle tensor, cache slot of each new token
     workspace: dict[str, Any] = field(default_factory=dict)  # per-step kernel scratch
+    # a decode-only step's positions, slots, seq_lens and block tables ([B, W] row-major) in one
+    # [3 B + B W] int64 host tensor (positions and slot_mapping are views of it), for a backend
+    # that takes them in one piece; None when the step was built otherwise
+    decode_ints: Any = None
 
     @property
     def num_reqs(self) -> int:

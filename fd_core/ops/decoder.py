@@ -35,7 +35,12 @@ of ``(hidden, residual)``, so a decode step's whole forward after the
 embedding is one call. Only plugins that declare ``FD_DECODER_LAYERS_HEAD =
 True`` are asked for such runs (both flags for a MoE run with its blocks);
 for the rest ``Ops.decoder_layers`` runs the layers and then
-``DecoderHead.run``, the same numerics.
+``DecoderHead.run``, the same numerics. Such a run may also start at the
+model's token embedding (``hidden``: a ``DecoderEmbedding``, the table and
+the step's ids, ``residual`` None), so a decode step's whole forward is one
+call: only plugins that also declare ``FD_DECODER_LAYERS_EMBEDDING = True``
+see one; for the rest ``Ops`` takes the rows first
+(``DecoderEmbedding.run``).
 
 ``compose_decoder_layer`` runs it through the separate kernel hooks, and
 ``compose_decoder_layers`` a run of such layers: the numerics of the
@@ -74,7 +79,7 @@ from fd_core.ops.linear import QuantizedWeight
 if TYPE_CHECKING:
     from fd_core.backends.base import Ops
 
-__all__ = ["DecoderHead", "DecoderLayerWeights", "MoELayerWeights", "apply_linear", "compose_decoder_layer", "compose_decoder_layers",
+__all__ = ["DecoderEmbedding", "DecoderHead", "DecoderLayerWeights", "MoELayerWeights", "apply_linear", "compose_decoder_layer", "compose_decoder_layers",
            "self_attention"]
 
 paddle = import_paddle()
@@ -109,6 +114,21 @@ class MoELayerWeights:
         return ops.moe_layer(x, self.gate, self.correction_bias, self.top_k, self.renormalize, self.norm_min,
                              self.up_gate_weights, self.down_weights, self.quant, self.shared_up_gate,
                              self.shared_down)
+
+
+@dataclass(eq=False)
+class DecoderEmbedding:
+    """The model's token embedding before a run's first layer: the stream
+    starts as ``table[ids]`` in fp32 (``fd_core.layers.basic.embed``)."""
+
+    table: Any  # [V, D] any --dtype; a tied float head's table is its [D, V] weight seen transposed
+    ids: Any  # [T] int64
+
+    def run(self) -> Any:
+        """The rows ``[T, D]`` fp32, as the model's own embedding takes them."""
+        from fd_core.layers.basic import embed  # the layer's function (layers import ops, not back)
+
+        return embed(self.table, self.ids)
 
 
 @dataclass(eq=False)

@@ -52,6 +52,7 @@ FD_API_VERSION = API_VERSION
 FD_DECODER_LAYERS_ATTENTION_ONLY = True
 FD_DECODER_LAYERS_MOE = True  # runs whose MoE layers carry their block (fd_x86.layer)
 FD_DECODER_LAYERS_HEAD = True  # runs that end with the model's final norm and LM head (fd_x86.layer)
+FD_DECODER_LAYERS_EMBEDDING = True  # such runs that start at the token embedding (fd_x86.layer)
 
 logger = logging.getLogger(__name__)
 

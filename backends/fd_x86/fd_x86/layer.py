@@ -126,6 +126,11 @@ def _model_runs(cos_sin: Any) -> _ModelRuns:
     return runs
 
 
+def _embedding_enabled() -> bool:
+    """``FD_X86_FUSED_EMBEDDING=0``: the embedding before the run, as its own ops (A/B comparisons; read per call)."""
+    return os.environ.get("FD_X86_FUSED_EMBEDDING", "1") != "0"
+
+
 @functools.lru_cache(maxsize=1)
 def _enabled() -> bool:
     return os.environ.get("FD_X86_FUSED_LAYER", "1") != "0"
@@ -262,21 +267,37 @@ def _no_scales() -> Any:
     return x86_ops._paddle().zeros([1], dtype="float32")
 
 
-def _step_inputs(metadata: Any) -> tuple[Any, ...]:
-    """The step's positions, slots, block tables and lengths as the op takes
-    them, built by the first layer and shared by the rest."""
-    inputs = metadata.workspace.get(STEP_KEY)
-    if inputs is None:
-        # the block tables and lengths alone (x86_ops._tables also copies the new-token counts, which
-        # a decode-only step does not need): two host copies a step
-        paddle = x86_ops._paddle()
-        tables, lens = (paddle.to_tensor(np.ascontiguousarray(array[:metadata.num_decodes], dtype=np.int64))
-                        for array in (metadata.block_tables, metadata.seq_lens))
-        inputs = metadata.workspace[STEP_KEY] = (
-            x86_ops._int64(metadata.positions), x86_ops._int64(metadata.slot_mapping), tables, lens,
-            int(metadata.block_size),
-        )
-    return inputs  # type: ignore[no-any-return]
+def _step_ints(metadata: Any) -> Any:
+    """The step's positions, slots, sequence lengths and block tables in one
+    int64 tensor as the op takes them: the step's own ``decode_ints`` (a
+    decode-only step from ``fd_core.engine.step_tensors``: no copy), else
+    built once per step and shared by the step's runs."""
+    ints = metadata.decode_ints
+    if ints is not None and ints.place.is_cpu_place() and ints.is_contiguous():
+        return ints
+    ints = metadata.workspace.get(STEP_KEY)
+    if ints is None:
+        rows = metadata.num_decodes
+        host = np.concatenate([
+            np.asarray(metadata.positions.numpy(), dtype=np.int64).reshape(-1),
+            np.asarray(metadata.slot_mapping.numpy(), dtype=np.int64).reshape(-1),
+            np.asarray(metadata.seq_lens[:rows], dtype=np.int64),
+            np.asarray(metadata.block_tables[:rows], dtype=np.int64).reshape(-1),
+        ])
+        ints = metadata.workspace[STEP_KEY] = x86_ops._paddle().to_tensor(host)
+    return ints
+
+
+_EMBED_DTYPES = ("paddle.float32", "paddle.bfloat16", "paddle.float16")  # the op's embedding tables
+
+
+def _embedding_fits(embedding: Any) -> bool:
+    """The op reads the embedding in place: a contiguous [V, D] host table of a 16-bit or fp32
+    dtype and int64 ids (a tied float head's transposed view is not: its rows are taken first)."""
+    table, ids = embedding.table, embedding.ids
+    return (table.place.is_cpu_place() and len(table.shape) == 2 and table.is_contiguous()
+            and str(table.dtype) in _EMBED_DTYPES and ids.place.is_cpu_place() and len(ids.shape) == 1
+            and ids.dtype == x86_ops._paddle().int64 and ids.is_contiguous())
 
 
 def _head_args(head: Any | None, ints: list[int]) -> tuple[int, int, int, float]:
@@ -466,9 +487,18 @@ def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: 
 
 def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin: Any, metadata: Any,
                    k_caches: list[Any], v_caches: list[Any], head: Any | None = None) -> Any:
-    """``(hidden, residual)`` after the run of layers, the logits with ``head``, or None (see the module doc)."""
+    """``(hidden, residual)`` after the run of layers, the logits with ``head``, or None (see the module doc).
+    ``hidden`` may be a ``DecoderEmbedding`` (a run with ``head``): the op takes its rows itself."""
+    embedding = None
+    if not hasattr(hidden, "shape"):  # a DecoderEmbedding
+        if _embedding_fits(hidden) and _embedding_enabled():
+            embedding = hidden
+            hidden = embedding.ids
+        else:
+            hidden = hidden.run()
     rows = hidden.shape[0]
-    if rows == 0 or not layers or metadata.num_decodes != rows or len(hidden.shape) != 2 or not _enabled():
+    if rows == 0 or not layers or metadata.num_decodes != rows or not _enabled() \
+            or len(hidden.shape) != (1 if embedding is not None else 2):
         return None
     attention_only = layers[-1].attention_only
     if attention_only and not _attention_only_enabled():
@@ -476,7 +506,7 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     # the MoE switches are read here, on each call (a cached run does not see them)
     if any(layer.moe is not None for layer in layers) and not (_moe_run_enabled() and layer_enabled()):
         return None
-    if not x86_ops._host(hidden) or (residual is not None and not x86_ops._host(residual)):
+    if (embedding is None and not x86_ops._host(hidden)) or (residual is not None and not x86_ops._host(residual)):
         return None
     if head is not None and (attention_only or not _head_enabled() or (
             not isinstance(head.weight, QuantizedWeight) and str(head.weight.dtype) not in DENSE16)):
@@ -486,18 +516,21 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
         return None
     (norms, k_list, v_list, k_scales, v_scales, weights, methods, widths, groups, kinds, moe_tensors, moe_ints,
      moe_norm_min, head_tensors, head_ints) = inputs
-    positions, slots, tables, lens, block_size = _step_inputs(metadata)
     dense = x86_ops._dense
-    hidden = dense(hidden)
+    cos_sin = dense(cos_sin)
+    # with the embedding, the op's hidden slot is unused (any fp32 tensor: the rotary table)
+    hidden = cos_sin if embedding is not None else dense(hidden)
     first = layers[0]
     int8_rows = int8_act_rows(rows) if moe_ints else 0  # the MoE blocks' opt-in, as fd_x86_moe_layer's
+    ints = _step_ints(metadata)
     out, total = load_ops().fd_x86_decoder_layers(
-        hidden, hidden if residual is None else dense(residual), dense(cos_sin), positions, slots, tables, lens,
+        hidden, hidden if residual is None else dense(residual), cos_sin, ints,
+        *((embedding.ids, embedding.table) if embedding is not None else (ints, cos_sin)),  # unused without
         norms, k_list, v_list, k_scales, v_scales, weights, moe_tensors or [hidden],
         head_tensors[0] if head_tensors else hidden, head_tensors[1:] or [hidden, hidden], residual is not None, kinds,
         methods, widths, groups, float(first.eps),
-        int(first.num_heads), int(first.num_kv_heads), bool(first.interleaved_rope), block_size,
+        int(first.num_heads), int(first.num_kv_heads), bool(first.interleaved_rope), int(metadata.block_size),
         float(first.scale), num_threads(), moe_ints, moe_norm_min, int8_rows,
-        *_head_args(head, head_ints),
+        *_head_args(head, head_ints), embedding is not None,
     )
     return out if head is not None else (out, total)

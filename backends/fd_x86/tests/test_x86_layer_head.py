@@ -89,7 +89,7 @@ def test_the_head_in_the_run_equals_the_head_after_it(x86_ops: Any, monkeypatch:
     calls = []
     ops = build.load_ops()
     real = ops.fd_x86_decoder_layers
-    monkeypatch.setattr(ops, "fd_x86_decoder_layers", lambda *a: calls.append(a[-4]) or real(*a))
+    monkeypatch.setattr(ops, "fd_x86_decoder_layers", lambda *a: calls.append(a[-5]) or real(*a))
     got, got_caches = _logits(x86_ops, layers, step, head, True, monkeypatch)
     want, want_caches = _logits(x86_ops, layers, step, head, False, monkeypatch)
     assert calls[0] >= 0 and calls[1] == -1, "the head ran in the first call only"
@@ -146,14 +146,15 @@ def test_the_head_is_checked_before_any_cache_write(monkeypatch: pytest.MonkeyPa
     assert bad is not None
     hidden, residual = step.inputs()
     before = [t.numpy().copy() for c in caches for t in c]
-    positions, slots, tables, lens, block_size = fused._step_inputs(step.meta())
+    meta = step.meta()
+    ints = fused._step_ints(meta)
     first = layers[0]
     with pytest.raises(Exception, match="fd_x86_decoder_layers.*packed weight has"):
         build.load_ops().fd_x86_decoder_layers(
-            hidden, residual, step.cos_sin, positions, slots, tables, lens, *inputs[:6], [hidden],
+            hidden, residual, step.cos_sin, ints, ints, hidden, *inputs[:6], [hidden],
             bad[0][0], bad[0][1:], True, inputs[9], inputs[6], inputs[7], inputs[8], float(first.eps),
-            int(first.num_heads), int(first.num_kv_heads), bool(first.interleaved_rope), block_size,
-            float(first.scale), 2, [], [], 0, bad[1][0], bad[1][1], bad[1][2], 1e-6)
+            int(first.num_heads), int(first.num_kv_heads), bool(first.interleaved_rope), int(meta.block_size),
+            float(first.scale), 2, [], [], 0, bad[1][0], bad[1][1], bad[1][2], 1e-6, False)
     for b, after in zip(before, (t for pair in caches for t in pair)):
         np.testing.assert_array_equal(b, after.numpy())
 

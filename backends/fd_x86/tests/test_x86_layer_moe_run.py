@@ -125,7 +125,7 @@ def test_a_run_with_moe_layers_equals_the_run_split_at_them(
     real = fused.load_ops().fd_x86_decoder_layers
 
     def counted(*args: Any) -> Any:
-        calls.append(len(args[7]) // 2)  # the layers in the call (two norms each)
+        calls.append(len(args[6]) // 2)  # the layers in the call (two norms each)
         return real(*args)
 
     monkeypatch.setattr(fused.load_ops(), "fd_x86_decoder_layers", counted)
@@ -193,7 +193,7 @@ def test_the_op_checks_its_layer_kinds() -> None:
     finally:
         ops.fd_x86_decoder_layers = real
     args = list(seen[0])
-    kinds = 17  # after the 15 inputs and has_residual
+    kinds = 16  # after the 15 inputs and has_residual
     assert args[kinds] == [0, 2]
     for bad, message in (([2, 0], "layer 1: qkv has"), ([0, 0], "out_features"), ([1, 2], "attention only, the last layer only"),
                          ([0, 3], "has kind 3")):
@@ -203,7 +203,7 @@ def test_the_op_checks_its_layer_kinds() -> None:
     # a bad MoE attribute (the isa code, its 11th int) raises before any cache is written
     args[kinds] = [0, 2]
     before = [c.numpy().copy() for pair in caches for c in pair]
-    args[-7] = [*args[-7][:10], 3]  # moe_ints (then moe_norm_min, int8_act_rows and the 4 head attributes)
+    args[-8] = [*args[-8][:10], 3]  # moe_ints (then moe_norm_min, int8_act_rows, the 4 head attributes, embed)
     args[0] = args[0] * 2  # other k / v values than the cache holds: a store would show
     with pytest.raises(Exception, match="isa must be"):
         real(*args)
@@ -322,7 +322,7 @@ def test_prefill_sized_rows_with_int8_activations_equal_the_split_run(
     real = fused.load_ops().fd_x86_decoder_layers
 
     def counted(*args: Any) -> Any:
-        calls.append(args[-5])  # int8_act_rows (the 4 head attributes follow it)
+        calls.append(args[-6])  # int8_act_rows (the 4 head attributes and embed follow it)
         return real(*args)
 
     monkeypatch.setattr(fused.load_ops(), "fd_x86_decoder_layers", counted)

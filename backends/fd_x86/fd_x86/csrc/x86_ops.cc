@@ -232,22 +232,21 @@ void WriteKVCacheQ8(const paddle::Tensor& k, const paddle::Tensor& v, paddle::Te
   write_kv(op, k, v, kv_pool(op, "k_cache", k_cache, &k_scales), kv_pool(op, "v_cache", v_cache, &v_scales), slots);
 }
 
-// Checks shared by the attention ops; fills a's shapes and pointers.
+// Checks shared by the attention ops; fills a's shapes and pointers. This form takes the block
+// tables [requests, W] and seq_lens [requests] as pointers (fd_x86_decoder_layers reads them from
+// its step ints); the tensor form below checks their tensors first.
 void prepare_attention_pools(const char* op, const paddle::Tensor& q, const KvPool& kp, const KvPool& vp,
-                             const paddle::Tensor& block_tables, const paddle::Tensor& seq_lens, int64_t requests,
+                             const int64_t* block_tables, int64_t W, const int64_t* seq_lens, int64_t requests,
                              int64_t block_size, float scale, int threads, fdx86::AttentionArgs* a) {
   check_isa(op);
   check_f32(op, "q", q);
   check_pair(op, kp, vp);
-  check_i64(op, "block_tables", block_tables);
-  check_i64(op, "seq_lens", seq_lens);
   PD_CHECK(q.shape().size() == 3, op, ": q must be [T, H, Dh], the caches [S, Hkv, Dh] alike");
-  PD_CHECK(block_tables.shape().size() == 2, op, ": block_tables must be [R, W]");
   const std::vector<int64_t>& cache_shape = kp.shape;
   a->H = q.shape()[1];
   a->Dh = q.shape()[2];
   a->Hkv = cache_shape[1];
-  a->W = block_tables.shape()[1];
+  a->W = W;
   a->R = requests;
   a->block_size = block_size;
   a->scale = scale;
@@ -256,11 +255,9 @@ void prepare_attention_pools(const char* op, const paddle::Tensor& q, const KvPo
   PD_CHECK(a->Hkv > 0 && a->H % a->Hkv == 0, op, ": H = ", a->H, " is not a multiple of Hkv = ", a->Hkv);
   PD_CHECK(block_size > 0 && cache_shape[0] % block_size == 0, op, ": the cache's ", cache_shape[0],
            " rows are not whole blocks of ", block_size);
-  PD_CHECK(block_tables.shape()[0] >= requests && seq_lens.numel() >= requests, op,
-           ": block_tables / seq_lens cover fewer than ", requests, " requests");
   const int64_t num_blocks = cache_shape[0] / block_size;
-  a->block_tables = block_tables.data<int64_t>();
-  a->seq_lens = seq_lens.data<int64_t>();
+  a->block_tables = block_tables;
+  a->seq_lens = seq_lens;
   for (int64_t r = 0; r < requests; ++r) {
     const int64_t len = a->seq_lens[r];
     PD_CHECK(len >= 0 && len <= a->W * block_size && len < (int64_t{1} << 31), op, ": request ", r, " has ", len,
@@ -276,6 +273,18 @@ void prepare_attention_pools(const char* op, const paddle::Tensor& q, const KvPo
   a->k_scales = kp.scales;
   a->v_scales = vp.scales;
   a->kv_dtype = kp.dtype;
+}
+
+void prepare_attention_pools(const char* op, const paddle::Tensor& q, const KvPool& kp, const KvPool& vp,
+                             const paddle::Tensor& block_tables, const paddle::Tensor& seq_lens, int64_t requests,
+                             int64_t block_size, float scale, int threads, fdx86::AttentionArgs* a) {
+  check_i64(op, "block_tables", block_tables);
+  check_i64(op, "seq_lens", seq_lens);
+  PD_CHECK(block_tables.shape().size() == 2, op, ": block_tables must be [R, W]");
+  PD_CHECK(block_tables.shape()[0] >= requests && seq_lens.numel() >= requests, op,
+           ": block_tables / seq_lens cover fewer than ", requests, " requests");
+  prepare_attention_pools(op, q, kp, vp, block_tables.data<int64_t>(), block_tables.shape()[1],
+                          seq_lens.data<int64_t>(), requests, block_size, scale, threads, a);
 }
 
 // The fp32 form (fd_x86_decoder_layers reads fp32 pools only).
@@ -696,9 +705,12 @@ PD_BUILD_OP(fd_x86_qkv_rope_cache_q8)
 
 // ----------------------------------------------------------- decoder layers
 //
-//   fd_x86_decoder_layers(hidden, residual, cos_sin, positions, slots, block_tables, seq_lens,
+//   fd_x86_decoder_layers(hidden, residual, cos_sin, step_ints, ids, embed_table,
 //                         norms[2L], k_caches[L], v_caches[L], k_scales[L], v_scales[L],
 //                         weights[2 n], moe_tensors[10 M], final_norm, head[2]) -> hidden, residual
+//   step_ints [3 T + T W] int64: the T tokens' positions, cache slots and sequence lengths, then
+//   their block tables [T, W] (AttentionMetadata.decode_ints); embed: the run starts at the token
+//   embedding, the rows ids [T] of embed_table [V, D] (fp32, bf16 or fp16) in fp32 (hidden unused)
 //   kinds[L]: each layer's kind, 0 dense (4 linears), 1 attention only (2: qkv, o; the last layer
 //   only), 2 MoE (2 linears, then its MoE block); n linears in all: methods / out_features /
 //   group_sizes [n]; M MoE layers: moe_ints [11 M], moe_norm_min [M]; head_method >= 0: the run
@@ -747,10 +759,30 @@ struct LayerPlan {
   fdx86::MoeLayerArgs moe{};  // a MoE layer's block
 };
 
+// Rows ids [T] of the embedding table [V, D] (fp32, bf16 or fp16; ids checked) into out [T, D] fp32.
+void embedding_rows(const paddle::Tensor& table, const int64_t* ids, int64_t T, float* out) {
+  const int64_t D = table.shape()[1];
+  for (int64_t b = 0; b < T; ++b) {
+    float* row = out + b * D;
+    if (table.dtype() == paddle::DataType::FLOAT32) {
+      std::copy_n(table.data<float>() + ids[b] * D, D, row);
+    } else if (table.dtype() == paddle::DataType::BFLOAT16) {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(table.data<paddle::bfloat16>()) + ids[b] * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const uint32_t bits = static_cast<uint32_t>(src[d]) << 16;
+        std::memcpy(row + d, &bits, sizeof(float));
+      }
+    } else {
+      const paddle::float16* src = table.data<paddle::float16>() + ids[b] * D;
+      for (int64_t d = 0; d < D; ++d) row[d] = static_cast<float>(src[d]);
+    }
+  }
+}
+
 std::vector<paddle::Tensor> DecoderLayers(
     const paddle::Tensor& hidden, const paddle::Tensor& residual, const paddle::Tensor& cos_sin,
-    const paddle::Tensor& positions, const paddle::Tensor& slots, const paddle::Tensor& block_tables,
-    const paddle::Tensor& seq_lens, const std::vector<paddle::Tensor>& norms,
+    const paddle::Tensor& step_ints, const paddle::Tensor& ids, const paddle::Tensor& embed_table,
+    const std::vector<paddle::Tensor>& norms,
     const std::vector<paddle::Tensor>& k_caches, const std::vector<paddle::Tensor>& v_caches,
     const std::vector<paddle::Tensor>& k_scales, const std::vector<paddle::Tensor>& v_scales,
     const std::vector<paddle::Tensor>& weights, const std::vector<paddle::Tensor>& moe_tensors,
@@ -759,16 +791,25 @@ std::vector<paddle::Tensor> DecoderLayers(
     const std::vector<int64_t>& out_features, const std::vector<int>& group_sizes, float eps, int64_t num_heads,
     int64_t num_kv_heads, bool interleaved, int64_t block_size, float scale, int threads,
     const std::vector<int>& moe_ints, const std::vector<float>& moe_norm_min, int int8_act_rows, int head_method,
-    int64_t head_out, int head_group, float head_eps) {
+    int64_t head_out, int head_group, float head_eps, bool embed) {
   const char* op = "fd_x86_decoder_layers";
   check_isa(op);
-  check_f32(op, "hidden", hidden);
-  check_f32(op, "residual", residual);
   check_f32(op, "cos_sin", cos_sin);
-  check_i64(op, "positions", positions);
-  check_i64(op, "slot_mapping", slots);
-  PD_CHECK(hidden.shape().size() == 2, op, ": hidden must be [T, D]");
-  PD_CHECK(!has_residual || residual.shape() == hidden.shape(), op, ": residual must have hidden's shape");
+  check_i64(op, "step_ints", step_ints);
+  if (embed) {
+    check_i64(op, "ids", ids);
+    PD_CHECK(!has_residual, op, ": a run that starts at the embedding has no residual stream yet");
+    PD_CHECK(embed_table.is_cpu() && embed_table.is_contiguous() && embed_table.shape().size() == 2 &&
+                 (embed_table.dtype() == paddle::DataType::FLOAT32 ||
+                  embed_table.dtype() == paddle::DataType::BFLOAT16 || embed_table.dtype() == paddle::DataType::FLOAT16),
+             op, ": the embedding table must be a contiguous [V, D] fp32, bf16 or fp16 CPU tensor");
+    PD_CHECK(ids.shape().size() == 1, op, ": ids must be [T]");
+  } else {
+    check_f32(op, "hidden", hidden);
+    check_f32(op, "residual", residual);
+    PD_CHECK(hidden.shape().size() == 2, op, ": hidden must be [T, D]");
+    PD_CHECK(!has_residual || residual.shape() == hidden.shape(), op, ": residual must have hidden's shape");
+  }
   const size_t L = k_caches.size();
   PD_CHECK(L >= 1 && kinds.size() == L, op, ": ", L, " layers' caches, ", kinds.size(), " layer kinds");
   size_t lins = 0, moes = 0;  // linears and MoE layers in the run
@@ -789,11 +830,16 @@ std::vector<paddle::Tensor> DecoderLayers(
            op, ": ", moes, " MoE layers need 10 tensors, 11 ints and a norm_min each; got ", moe_tensors.size(), ", ",
            moe_ints.size(), ", ", moe_norm_min.size());
   PD_CHECK(cos_sin.shape().size() == 2, op, ": cos_sin must be [max_pos, Dh]");
-  const int64_t T = hidden.shape()[0], D = hidden.shape()[1], dh = cos_sin.shape()[1];
+  const int64_t T = embed ? ids.shape()[0] : hidden.shape()[0];
+  const int64_t D = embed ? embed_table.shape()[1] : hidden.shape()[1], dh = cos_sin.shape()[1];
   const int64_t H = num_heads, Hkv = num_kv_heads, q_size = H * dh, qkv_size = (H + 2 * Hkv) * dh;
   PD_CHECK(H > 0 && Hkv > 0 && dh % 2 == 0, op, ": bad heads ", H, "/", Hkv, " or odd Dh ", dh);
-  PD_CHECK(positions.numel() == T && slots.numel() == T, op, ": hidden has ", T, " tokens, positions ",
-           positions.numel(), ", slot_mapping ", slots.numel());
+  const int64_t n_ints = step_ints.numel();
+  PD_CHECK(T == 0 || (n_ints >= 4 * T && n_ints % T == 0), op, ": step_ints has ", n_ints, " values, expected ",
+           "3 T + T W for T = ", T, " tokens (positions, slots, seq_lens, block tables [T, W])");
+  const int64_t* positions = step_ints.data<int64_t>();
+  const int64_t *slots = positions + T, *seq_lens = positions + 2 * T, *block_tables = positions + 3 * T;
+  const int64_t W = T == 0 ? 0 : (n_ints - 3 * T) / T;
   const int nthreads = threads < 1 ? 1 : threads;
 
   // every layer's checks first (before anything is written to a cache)
@@ -831,12 +877,11 @@ std::vector<paddle::Tensor> DecoderLayers(
     const bool scaled = k_caches[l].dtype() == paddle::DataType::INT8 || k_caches[l].dtype() == paddle::DataType::UINT8;
     p.k_pool = kv_pool(op, "k_cache", k_caches[l], scaled ? &k_scales[l] : nullptr);
     p.v_pool = kv_pool(op, "v_cache", v_caches[l], scaled ? &v_scales[l] : nullptr);
-    prepare_attention_pools(op, q, p.k_pool, p.v_pool, block_tables, seq_lens, T, block_size, scale, nthreads,
+    prepare_attention_pools(op, q, p.k_pool, p.v_pool, block_tables, W, seq_lens, T, block_size, scale, nthreads,
                             &p.attn);
     PD_CHECK(p.attn.Hkv == Hkv, op, ": layer ", l, ": the caches hold ", p.attn.Hkv, " kv heads, expected ", Hkv);
     if (l == 0)
-      check_positions_and_slots(op, positions.data<int64_t>(), slots.data<int64_t>(), T, cos_sin.shape()[0],
-                                k_caches[0].shape()[0]);
+      check_positions_and_slots(op, positions, slots, T, cos_sin.shape()[0], k_caches[0].shape()[0]);
     else
       PD_CHECK(k_caches[l].shape()[0] == k_caches[0].shape()[0], op, ": layer ", l,
                "'s caches have a different number of rows than layer 0's");
@@ -853,6 +898,11 @@ std::vector<paddle::Tensor> DecoderLayers(
   }
   for (int64_t b = 0; b < T; ++b)
     PD_CHECK(plans[0].attn.seq_lens[b] >= 1, op, ": request ", b, " has no cached tokens");
+  const int64_t vocab = embed ? embed_table.shape()[0] : 0;
+  for (int64_t b = 0; embed && b < T; ++b) {
+    const int64_t id = ids.data<int64_t>()[b];
+    PD_CHECK(id >= 0 && id < vocab, op, ": token id ", id, " is outside the embedding's [0, ", vocab, ")");
+  }
   // the model's head after the last layer (head_method >= 0): final norm, then the LM head -> logits
   const bool has_head = head_method >= 0;
   fdx86::LinearArgs head_lin;
@@ -892,7 +942,9 @@ std::vector<paddle::Tensor> DecoderLayers(
   paddle::Tensor moe_x = moes > 0 ? paddle::empty({T, D}, paddle::DataType::FLOAT32, paddle::CPUPlace()) : q;
   paddle::Tensor moe_y;
 
-  const float* h_in = hidden.data<float>();
+  // the embedding's rows in fp32: the first layer's input, in the buffer the second layer writes
+  if (embed) embedding_rows(embed_table, ids.data<int64_t>(), T, h_bufs[1]);
+  const float* h_in = embed ? h_bufs[1] : hidden.data<float>();
   const float* r_in = has_residual ? residual.data<float>() : nullptr;
   for (size_t l = 0; l < L; ++l) {
     LayerPlan& p = plans[l];
@@ -912,9 +964,9 @@ std::vector<paddle::Tensor> DecoderLayers(
     fdx86::run_packed_linear(p.lin[0], p.methods[0]);
     fdx86::QkvArgs rope;
     rope.qkv = qkv;
-    rope.positions = positions.data<int64_t>();
+    rope.positions = positions;
     rope.cos_sin = cos_sin.data<float>();
-    rope.slots = slots.data<int64_t>();
+    rope.slots = slots;
     rope.k_cache = p.k_pool.data;
     rope.v_cache = p.v_pool.data;
     rope.k_scales = p.k_pool.scales;
@@ -969,7 +1021,7 @@ std::vector<paddle::Tensor> DecoderLayers(
 
 std::vector<std::vector<int64_t>> DecoderLayersShape(
     const std::vector<int64_t>& hidden, const std::vector<int64_t>&, const std::vector<int64_t>&,
-    const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&,
+    const std::vector<int64_t>&, const std::vector<int64_t>&, const std::vector<int64_t>&,
     const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&,
     const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&,
     const std::vector<std::vector<int64_t>>&, const std::vector<std::vector<int64_t>>&,
@@ -979,7 +1031,7 @@ std::vector<std::vector<int64_t>> DecoderLayersShape(
 
 std::vector<paddle::DataType> DecoderLayersDtype(
     const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const paddle::DataType&,
-    const paddle::DataType&, const paddle::DataType&, const paddle::DataType&, const std::vector<paddle::DataType>&,
+    const paddle::DataType&, const paddle::DataType&, const std::vector<paddle::DataType>&,
     const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&,
     const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&,
     const std::vector<paddle::DataType>&, const std::vector<paddle::DataType>&, const paddle::DataType&,
@@ -990,7 +1042,7 @@ std::vector<paddle::DataType> DecoderLayersDtype(
 }  // namespace
 
 PD_BUILD_OP(fd_x86_decoder_layers)
-    .Inputs({"Hidden", "Residual", "CosSin", "Positions", "Slots", "BlockTables", "SeqLens", paddle::Vec("Norms"),
+    .Inputs({"Hidden", "Residual", "CosSin", "StepInts", "Ids", "EmbedTable", paddle::Vec("Norms"),
              paddle::Vec("KCaches"), paddle::Vec("VCaches"), paddle::Vec("KScales"), paddle::Vec("VScales"),
              paddle::Vec("Weights"), paddle::Vec("MoeTensors"), "FinalNorm", paddle::Vec("Head")})
     .Outputs({"HiddenOut", "ResidualOut"})
@@ -998,7 +1050,7 @@ PD_BUILD_OP(fd_x86_decoder_layers)
             "out_features: std::vector<int64_t>", "group_sizes: std::vector<int>", "eps: float", "num_heads: int64_t",
             "num_kv_heads: int64_t", "interleaved: bool", "block_size: int64_t", "scale: float", "threads: int",
             "moe_ints: std::vector<int>", "moe_norm_min: std::vector<float>", "int8_act_rows: int",
-            "head_method: int", "head_out: int64_t", "head_group: int", "head_eps: float"})
+            "head_method: int", "head_out: int64_t", "head_group: int", "head_eps: float", "embed: bool"})
     .SetKernelFn(PD_KERNEL(DecoderLayers))
     .SetInferShapeFn(PD_INFER_SHAPE(DecoderLayersShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(DecoderLayersDtype));
