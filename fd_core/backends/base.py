@@ -277,7 +277,7 @@ class Ops:
 
     @staticmethod
     def _ask(
-        call: Dispatch | None, layers: list[Any], hidden: Tensor, residual: Tensor | None, cos_sin: Tensor,
+        call: Dispatch | None, layers: list[Any], hidden: Any, residual: Tensor | None, cos_sin: Tensor,
         metadata: Any, k_caches: list[KVPool], v_caches: list[KVPool], head: Any | None = None,
     ) -> Any:
         """``fd_decoder_layers`` through ``call`` (a subset of the plugins, or None: none asked)."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from fd_core._paddle import import_paddle
 from fd_core.layers.param import Param
 from fd_core.ops._host import as_array, on_host
+from fd_core.ops.embedding import embed
 from fd_core.ops.linear import QuantizedWeight
 
 if TYPE_CHECKING:
@@ -38,20 +39,6 @@ class Linear:
         if quant is not None:
             return self.ops.linear(x, None, None, quant)
         return self.ops.linear(x, self.weight.data, None, None)
-
-
-def embed(table: Any, input_ids: Any) -> Any:
-    """Rows ``input_ids [T]`` of ``table [V, D]`` as fp32 ``[T, D]``: with 16-bit
-    weights the activations stay fp32 (paddle's CPU gather has no fp16 kernel;
-    its embedding has). A non-contiguous table is a tied LM head's ``[D, V]``
-    seen transposed (``tie_lm_head``): its columns are gathered."""
-    if not table.is_contiguous():
-        rows = paddle.index_select(table.t(), input_ids, axis=1).t().contiguous()
-    elif table.dtype == paddle.float16:
-        rows = paddle.nn.functional.embedding(input_ids, table)
-    else:
-        rows = paddle.gather(table, input_ids)
-    return rows if rows.dtype == paddle.float32 else rows.astype("float32")
 
 
 def tie_lm_head(lm_head: Linear, embed_tokens: Param) -> None:

@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from fd_core._paddle import import_paddle
 from fd_core.ops.content_key import tensor_key, weight_key
+from fd_core.ops.embedding import embed
 from fd_core.ops.kv_dtype import (
     STATIC_KV_DTYPES,
     StaticKVScales,
@@ -119,15 +120,13 @@ class MoELayerWeights:
 @dataclass(eq=False)
 class DecoderEmbedding:
     """The model's token embedding before a run's first layer: the stream
-    starts as ``table[ids]`` in fp32 (``fd_core.layers.basic.embed``)."""
+    starts as ``table[ids]`` in fp32 (``fd_core.ops.embedding.embed``)."""
 
     table: Any  # [V, D] any --dtype; a tied float head's table is its [D, V] weight seen transposed
     ids: Any  # [T] int64
 
     def run(self) -> Any:
         """The rows ``[T, D]`` fp32, as the model's own embedding takes them."""
-        from fd_core.layers.basic import embed  # the layer's function (layers import ops, not back)
-
         return embed(self.table, self.ids)
 
 

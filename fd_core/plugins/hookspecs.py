@@ -278,7 +278,12 @@ def fd_decoder_layers(
     is None except for plugins that declare ``FD_DECODER_LAYERS_HEAD = True``
     (with ``FD_DECODER_LAYERS_MOE`` too for a run with MoE blocks); given, the
     run returns the logits ``[T, V]``, ``DecoderHead.run`` of its
-    ``(hidden, residual)``, and never ends attention only. The reference does not
+    ``(hidden, residual)``, and never ends attention only. A run with the head may
+    start at the token embedding: ``hidden`` is then a
+    ``fd_core.ops.decoder.DecoderEmbedding`` (the table and the step's ids;
+    ``residual`` None), only for plugins that declare
+    ``FD_DECODER_LAYERS_EMBEDDING = True`` as well (``Ops`` takes the rows first
+    for the rest), and the stream starts at ``DecoderEmbedding.run()``. The reference does not
     implement it (``Ops`` composes then). A backend answers the cases it has
     a kernel for (say, decode-only steps with its quantized weights) and
     returns None for the rest. Stops at the first non-None result.

@@ -55,10 +55,28 @@ streamed the weights through the caches are gone. A head it cannot take
 (an fp32 head, a norm not on the host) declines the whole run; ``Ops``
 then runs the layers and the head's own ops. ``FD_X86_FUSED_HEAD=0``
 declines every run with a head (A/B comparisons).
+
+Such a run may start at the token embedding (``hidden``: a
+``DecoderEmbedding``; the plugin declares ``FD_DECODER_LAYERS_EMBEDDING``):
+the op reads the ids' rows of the fp32 / bf16 / fp16 table itself and
+refuses an id outside it before any cache write; a table it cannot read in
+place (a tied float head's transposed view) is gathered here first.
+``FD_X86_FUSED_EMBEDDING=0`` gathers every table first (A/B comparisons).
+
+A run's inputs (~80 tensors and the attribute lists for ERNIE's MoE stack)
+cost ~30 us of dispatch a call, so a cached run holds them natively
+(``fd_x86_run_plan_new``, made at the run's first step and freed with its
+cache entry) and a step passes the six step tensors and the plan's id
+(``fd_x86_run_plan_step``: ``fd_x86_decoder_layers``' code and checks on
+the held inputs). The step's positions, slots, lengths and block tables are
+one int64 tensor: the step's ``decode_ints`` when ``step_tensors`` made it,
+else built once per step (``_step_ints``). ``FD_X86_RUN_PLAN=0`` passes every
+input to ``fd_x86_decoder_layers`` each step (A/B comparisons).
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import operator
 import os
@@ -325,6 +343,43 @@ Run = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any], li
 DENSE_LAYER, ATTENTION_ONLY_LAYER, MOE_LAYER = 0, 1, 2  # the op's layer kinds
 
 
+class _RunInputs(tuple):  # type: ignore[type-arg]
+    """A run's ``Run`` (the op's per-layer inputs) and the native plan made from them on first use."""
+
+    plan: _Plan | None = None
+
+
+class _Plan:
+    """A run's inputs held natively (``fd_x86_run_plan_new``): a step passes its id. Freed with this object,
+    which lives as long as the run's cache entry."""
+
+    def __init__(self, run: Run, first: Any, head_args: tuple[int, int, int, float]) -> None:
+        (norms, k_list, v_list, k_scales, v_scales, weights, methods, widths, groups, kinds, moe_tensors, moe_ints,
+         moe_norm_min, head_tensors, _) = run
+        some = norms[0]  # the op's unused slots take any tensor
+        self.id = int(load_ops().fd_x86_run_plan_new(
+            norms, k_list, v_list, k_scales, v_scales, weights, moe_tensors or [some],
+            head_tensors[0] if head_tensors else some, head_tensors[1:] or [some, some], kinds, methods, widths,
+            groups, float(first.eps), int(first.num_heads), int(first.num_kv_heads), bool(first.interleaved_rope),
+            float(first.scale), moe_ints, moe_norm_min, *head_args,
+        ).numpy()[0])
+
+    def __del__(self) -> None:
+        # not at exit (paddle's eager mode may be torn down; the process frees it all), nor in static mode
+        if _EXITING or not x86_ops._paddle().in_dynamic_mode():
+            return
+        load_ops().fd_x86_run_plan_free(_no_scales(), self.id)
+
+
+_EXITING: list[bool] = []  # non-empty once the interpreter exits (atexit runs before paddle's teardown)
+atexit.register(_EXITING.append, True)
+
+
+def _plans_enabled() -> bool:
+    """``FD_X86_RUN_PLAN=0``: every step passes the run's inputs to ``fd_x86_decoder_layers`` (A/B; per call)."""
+    return os.environ.get("FD_X86_RUN_PLAN", "1") != "0"
+
+
 def _build_head(head: Any, width: int, mode: int) -> tuple[list[Any], list[int]] | None:
     """The head's tensors (fp32 final norm, weight, scales) and ints (kernel code, width, group) as the op
     takes them, or None where it does not fit (its norm, or an LM head with no kernel in a run here)."""
@@ -338,7 +393,7 @@ def _build_head(head: Any, width: int, mode: int) -> tuple[list[Any], list[int]]
 
 
 def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], mode: int,
-               head: Any | None = None) -> Run | None:
+               head: Any | None = None) -> _RunInputs | None:
     if not (len(layers) == len(k_caches) == len(v_caches)) or not _same_shape(layers) \
             or any(layer.attention_only for layer in layers[:-1]):
         return None
@@ -387,8 +442,8 @@ def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: l
         if built is None:
             return None
         head_tensors, head_ints = built
-    return (norms, k_data, v_data, k_scales, v_scales, weights, methods, widths, groups, kinds, moe_tensors,
-            moe_ints, moe_norm_min, head_tensors, head_ints)
+    return _RunInputs((norms, k_data, v_data, k_scales, v_scales, weights, methods, widths, groups, kinds,
+                       moe_tensors, moe_ints, moe_norm_min, head_tensors, head_ints))
 
 
 def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], mode: int,
@@ -443,7 +498,7 @@ def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], mode
 
 
 def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], rows: int,
-                head: Any | None = None) -> Run | None:
+                head: Any | None = None) -> _RunInputs | None:
     """The op's per-layer inputs for the run (norms, caches, weights and the
     kernels' codes, widths and groups), or None when a layer does not fit.
 
@@ -523,9 +578,17 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     first = layers[0]
     int8_rows = int8_act_rows(rows) if moe_ints else 0  # the MoE blocks' opt-in, as fd_x86_moe_layer's
     ints = _step_ints(metadata)
+    ids, table = (embedding.ids, embedding.table) if embedding is not None else (ints, cos_sin)  # unused without
+    if _plans_enabled():
+        plan = inputs.plan
+        if plan is None:
+            plan = inputs.plan = _Plan(inputs, first, _head_args(head, head_ints))
+        out, total = load_ops().fd_x86_run_plan_step(
+            hidden, hidden if residual is None else dense(residual), cos_sin, ints, ids, table, plan.id,
+            residual is not None, int(metadata.block_size), num_threads(), int8_rows, embedding is not None)
+        return out if head is not None else (out, total)
     out, total = load_ops().fd_x86_decoder_layers(
-        hidden, hidden if residual is None else dense(residual), cos_sin, ints,
-        *((embedding.ids, embedding.table) if embedding is not None else (ints, cos_sin)),  # unused without
+        hidden, hidden if residual is None else dense(residual), cos_sin, ints, ids, table,
         norms, k_list, v_list, k_scales, v_scales, weights, moe_tensors or [hidden],
         head_tensors[0] if head_tensors else hidden, head_tensors[1:] or [hidden, hidden], residual is not None, kinds,
         methods, widths, groups, float(first.eps),

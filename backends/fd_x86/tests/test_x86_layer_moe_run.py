@@ -115,6 +115,7 @@ def test_a_run_with_moe_layers_equals_the_run_split_at_them(
     split run (FD_X86_FUSED_MOE_RUN=0: the fused attention halves and
     fd_x86_moe_layer between them): the same kernels, so the same bits in
     the outputs and every cache."""
+    monkeypatch.setenv("FD_X86_RUN_PLAN", "0")  # the spy reads fd_x86_decoder_layers' arguments
     if method == "w4a8" and not fd_x86.offline.available():
         pytest.skip("the w4a8 kernels need AVX-512 VNNI")
     dense = _layer(method)
@@ -173,7 +174,8 @@ def test_a_block_the_moe_op_declines_declines_the_run(x86_ops: Any, ref_ops: Any
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_the_op_checks_its_layer_kinds() -> None:
+def test_the_op_checks_its_layer_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FD_X86_RUN_PLAN", "0")  # the spy reads fd_x86_decoder_layers' arguments
     layers = [_layer("wint8"), _moe_layer("wint8", _block("wint8", "wint8", True, seed=6))]
     step = _step(1, True, seed=9)
     caches = [step.caches() for _ in layers]
@@ -313,6 +315,7 @@ def test_prefill_sized_rows_with_int8_activations_equal_the_split_run(
 ) -> None:
     """40 decode rows with FD_X86_PREFILL_INT8_ACT=1 (the experts' opt-in int8 activations at 32+
     rows), and a run [MoE, dense, attention half]: bit-equal to the split run."""
+    monkeypatch.setenv("FD_X86_RUN_PLAN", "0")  # the spy reads fd_x86_decoder_layers' arguments
     monkeypatch.setenv("FD_X86_PREFILL_INT8_ACT", "1")
     dense = _layer(method)
     half = replace(_layer(method), up_gate=None, down=None)

@@ -25,7 +25,10 @@ tiers the experts so that every token picks the same ones on both sides
 head (``DecoderHead``: the final norm and an LM head quantized like the
 layers): the backend's kernel when its plugin declares
 ``FD_DECODER_LAYERS_HEAD`` (both flags for a MoE run) and answers, else the
-run and the head's own hooks, against the reference's logits.
+run and the head's own hooks, against the reference's logits. Such a run
+may start at the token embedding (``DecoderEmbedding``): the backend's
+kernel when its plugin declares ``FD_DECODER_LAYERS_EMBEDDING`` too, else
+the rows taken first.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import pytest
 
 from fd_core.ops.attention import AttentionMetadata
 from fd_core.ops.decoder import (
+    DecoderEmbedding,
     DecoderHead,
     DecoderLayerWeights,
     MoELayerWeights,
@@ -72,7 +76,7 @@ ACT_QUANT_TOLERANCE = {"w8a8": W8A8_TOLERANCE, "w4a8": W8A8_TOLERANCE,
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "method" in metafunc.fixturenames and metafunc.function.__name__ in (
             "test_decoder_layers", "test_decoder_layers_attention_only", "test_decoder_layers_moe",
-            "test_decoder_layers_head"):
+            "test_decoder_layers_head", "test_decoder_layers_embedding"):
         state = metafunc.config.stash[STATE_KEY]
         methods = state.quant_methods()
         metafunc.parametrize("method", ["none", *methods])
@@ -172,7 +176,13 @@ def _run(fd: Harness, on_reference: bool, step: Step, method: str, data: dict[st
         layers[-1] = replace(layers[-1], up_gate=None, down=None)
     for i, block in data.get("moe", {}).items():
         layers[i] = replace(layers[i], up_gate=None, down=None, moe=_moe_block(fd, on_reference, method, block))
-    args = {"layers": layers, "hidden": put(data["hidden"]),
+    hidden: Any = put(data["hidden"])
+    if "embedding" in data:  # the run starts at the token embedding
+        hidden = DecoderEmbedding(put(data["embedding"]["table"]), put(data["embedding"]["ids"]))
+        if on_reference:
+            with fd.on_host():
+                hidden = hidden.run()
+    args = {"layers": layers, "hidden": hidden,
             "residual": put(data["residual"]) if with_residual else None, "cos_sin": put(data["cos_sin"]),
             "metadata": meta, "k_caches": k_caches, "v_caches": v_caches}
     if "head" in data:  # the run ends with the model's head: the logits
@@ -244,13 +254,22 @@ def test_decoder_layers_kv_dtypes(conformance: Harness, step: Step, kv_dtype: st
     _check_layers(conformance, step, method, True, 2, "plain", kv_dtype)
 
 
+@pytest.mark.parametrize("moe_at", [(), (0,)], ids=["dense", "moe+dense"])
+@pytest.mark.parametrize("step", LAYER_STEPS, ids=[s.name for s in LAYER_STEPS])
+def test_decoder_layers_embedding(conformance: Harness, step: Step, method: str, moe_at: tuple[int, ...]) -> None:
+    """A run that starts at the token embedding (a DecoderEmbedding: the table and the step's ids) and ends
+    with the head: the backend's kernel where its plugin declares FD_DECODER_LAYERS_EMBEDDING too, else the
+    rows taken first; against the reference's rows, composition and head, the logits."""
+    _check_layers(conformance, step, method, False, 2, "plain", moe_at=moe_at, head=True, embedding=True)
+
+
 def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num_layers: int, variant: str,
                   kv_dtype: str = "float32", attention_only: bool = False, moe_at: tuple[int, ...] = (),
-                  head: bool = False) -> None:
+                  head: bool = False, embedding: bool = False) -> None:
     rng = case_rng("decoder-layers", step.name, method, with_residual, num_layers,
                    *(() if variant == "plain" else (variant,)), *(() if kv_dtype == "float32" else (kv_dtype,)),
                    *(("attention-only",) if attention_only else ()), *(("moe", *moe_at) if moe_at else ()),
-                   *(("head",) if head else ()))
+                   *(("head",) if head else ()), *(("embedding",) if embedding else ()))
     num_blocks, tables = _block_tables(step, rng)
     ctx_slots = _context(step, tables, rng)
     tokens = sum(step.query_lens)
@@ -271,6 +290,9 @@ def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num
     if head:
         data["head"] = {"norm": rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32),
                         "weight": rng.normal(0, HIDDEN**-0.5, (HIDDEN, HEAD_VOCAB)).astype(np.float32)}
+    if embedding:
+        data["embedding"] = {"table": fd.rounded(rng.normal(0, 1, (HEAD_VOCAB, HIDDEN))),
+                             "ids": rng.integers(0, HEAD_VOCAB, tokens).astype(np.int64)}
     got = _run(fd, False, step, method, data, tables, num_blocks, with_residual, kv_dtype, attention_only)
     want = _run(fd, True, step, method, data, tables, num_blocks, with_residual, kv_dtype, attention_only)
     tol = fd.tol().looser(ACT_QUANT_TOLERANCE.get(method, LAYER_TOLERANCE))
@@ -290,6 +312,8 @@ def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num
     case = (f"{step.name}: {parts} layers={num_layers} D={HIDDEN} I={INTER} H={step.heads} "
             f"Hkv={step.kv_heads} Dh={step.head_dim} query_lens={step.query_lens} seq_lens={step.seq_lens} "
             f"residual={with_residual} dtype={fd.dtype}")
+    if embedding:
+        case += f" from the embedding [{HEAD_VOCAB}, {HIDDEN}]"
     if head:
         fd.assert_close("decoder_layers", case + f" head: final norm + LM head V={HEAD_VOCAB} (logits)", got, want,
                         tol)

@@ -145,12 +145,14 @@ class Harness:
         """``decoder_layers`` on a run whose MoE layers carry their block or
         that ends with the model's head (``head``): the backend's kernel when
         its plugin declares the run's flags (``FD_DECODER_LAYERS_MOE``,
-        ``FD_DECODER_LAYERS_HEAD``) and answers, else what the model runs then
-        (``Ops.decoder_layers`` splits the run at its MoE layers, runs the
-        head's own hooks after it)."""
+        ``FD_DECODER_LAYERS_HEAD``, ``FD_DECODER_LAYERS_EMBEDDING`` for a run
+        that starts at a ``DecoderEmbedding``) and answers, else what the model
+        runs then (``Ops.decoder_layers`` takes the embedding's rows first,
+        splits the run at its MoE layers, runs the head's own hooks after it)."""
         flags = [flag for flag, needed in (
             ("FD_DECODER_LAYERS_MOE", any(getattr(layer, "moe", None) is not None for layer in kwargs["layers"])),
-            ("FD_DECODER_LAYERS_HEAD", kwargs.get("head") is not None)) if needed]
+            ("FD_DECODER_LAYERS_HEAD", kwargs.get("head") is not None),
+            ("FD_DECODER_LAYERS_EMBEDDING", not hasattr(kwargs["hidden"], "shape"))) if needed]
         kwargs.setdefault("head", None)
         impls = self.backend.pm.hook.fd_decoder_layers.get_hookimpls()
         others = [impl.plugin for impl in impls if not all(getattr(impl.plugin, f, False) for f in flags)]

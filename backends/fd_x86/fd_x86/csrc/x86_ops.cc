@@ -23,6 +23,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "cpu_features.h"
@@ -1054,3 +1056,149 @@ PD_BUILD_OP(fd_x86_decoder_layers)
     .SetKernelFn(PD_KERNEL(DecoderLayers))
     .SetInferShapeFn(PD_INFER_SHAPE(DecoderLayersShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(DecoderLayersDtype));
+
+// ------------------------------------------------------------- run plans
+//
+//   fd_x86_run_plan_new(norms, k_caches, v_caches, k_scales, v_scales, weights, moe_tensors, final_norm,
+//                       head; the run's attributes) -> plan [1] int64
+//   fd_x86_run_plan_step(hidden, residual, cos_sin, step_ints, ids, embed_table; plan and the step's
+//                        attributes) -> hidden, residual (or the logits)
+//   fd_x86_run_plan_free(any) with plan                  (forgets the plan; unknown ids are fine)
+//
+// A run's per-layer tensors and attributes held natively under an id, so that a
+// decode step passes six tensors and a few numbers instead of the ~80 tensors
+// and the attribute lists of fd_x86_decoder_layers, whose dispatch alone costs
+// ~30 us a call. A step runs fd_x86_decoder_layers' code (every check included)
+// on the held inputs; the holder (fd_x86.layer, with the run's cache entry)
+// frees the plan when the entry goes.
+namespace {
+
+struct RunPlan {
+  std::vector<paddle::Tensor> norms, k_caches, v_caches, k_scales, v_scales, weights, moe_tensors, head;
+  paddle::Tensor final_norm;
+  std::vector<int> kinds, methods, group_sizes, moe_ints;
+  std::vector<int64_t> out_features;
+  std::vector<float> moe_norm_min;
+  float eps = 0, scale = 0, head_eps = 0;
+  int64_t num_heads = 0, num_kv_heads = 0, head_out = 0;
+  bool interleaved = true;
+  int head_method = -1, head_group = -1;
+};
+
+std::mutex g_plans_mutex;
+std::unordered_map<int64_t, std::shared_ptr<const RunPlan>> g_plans;
+int64_t g_next_plan = 1;
+
+std::vector<paddle::Tensor> RunPlanNew(
+    const std::vector<paddle::Tensor>& norms, const std::vector<paddle::Tensor>& k_caches,
+    const std::vector<paddle::Tensor>& v_caches, const std::vector<paddle::Tensor>& k_scales,
+    const std::vector<paddle::Tensor>& v_scales, const std::vector<paddle::Tensor>& weights,
+    const std::vector<paddle::Tensor>& moe_tensors, const paddle::Tensor& final_norm,
+    const std::vector<paddle::Tensor>& head, const std::vector<int>& kinds, const std::vector<int>& methods,
+    const std::vector<int64_t>& out_features, const std::vector<int>& group_sizes, float eps, int64_t num_heads,
+    int64_t num_kv_heads, bool interleaved, float scale, const std::vector<int>& moe_ints,
+    const std::vector<float>& moe_norm_min, int head_method, int64_t head_out, int head_group, float head_eps) {
+  auto plan = std::make_shared<RunPlan>();
+  plan->norms = norms;
+  plan->k_caches = k_caches;
+  plan->v_caches = v_caches;
+  plan->k_scales = k_scales;
+  plan->v_scales = v_scales;
+  plan->weights = weights;
+  plan->moe_tensors = moe_tensors;
+  plan->final_norm = final_norm;
+  plan->head = head;
+  plan->kinds = kinds;
+  plan->methods = methods;
+  plan->out_features = out_features;
+  plan->group_sizes = group_sizes;
+  plan->moe_ints = moe_ints;
+  plan->moe_norm_min = moe_norm_min;
+  plan->eps = eps;
+  plan->num_heads = num_heads;
+  plan->num_kv_heads = num_kv_heads;
+  plan->interleaved = interleaved;
+  plan->scale = scale;
+  plan->head_method = head_method;
+  plan->head_out = head_out;
+  plan->head_group = head_group;
+  plan->head_eps = head_eps;
+  paddle::Tensor id = paddle::empty({1}, paddle::DataType::INT64, paddle::CPUPlace());
+  std::lock_guard<std::mutex> lock(g_plans_mutex);
+  id.data<int64_t>()[0] = g_next_plan;
+  g_plans[g_next_plan++] = std::move(plan);
+  return {id};
+}
+
+std::vector<paddle::Tensor> RunPlanStep(const paddle::Tensor& hidden, const paddle::Tensor& residual,
+                                        const paddle::Tensor& cos_sin, const paddle::Tensor& step_ints,
+                                        const paddle::Tensor& ids, const paddle::Tensor& embed_table, int64_t plan_id,
+                                        bool has_residual, int64_t block_size, int threads, int int8_act_rows,
+                                        bool embed) {
+  std::shared_ptr<const RunPlan> plan;
+  {
+    std::lock_guard<std::mutex> lock(g_plans_mutex);
+    const auto it = g_plans.find(plan_id);
+    PD_CHECK(it != g_plans.end(), "fd_x86_run_plan_step: no run plan ", plan_id, " (freed, or never made)");
+    plan = it->second;
+  }
+  const RunPlan& p = *plan;
+  return DecoderLayers(hidden, residual, cos_sin, step_ints, ids, embed_table, p.norms, p.k_caches, p.v_caches,
+                       p.k_scales, p.v_scales, p.weights, p.moe_tensors, p.final_norm, p.head, has_residual, p.kinds,
+                       p.methods, p.out_features, p.group_sizes, p.eps, p.num_heads, p.num_kv_heads, p.interleaved,
+                       block_size, p.scale, threads, p.moe_ints, p.moe_norm_min, int8_act_rows, p.head_method,
+                       p.head_out, p.head_group, p.head_eps, embed);
+}
+
+std::vector<paddle::Tensor> RunPlanFree(const paddle::Tensor& any, int64_t plan_id) {
+  std::shared_ptr<const RunPlan> plan;  // released after the lock
+  {
+    std::lock_guard<std::mutex> lock(g_plans_mutex);
+    const auto it = g_plans.find(plan_id);
+    if (it != g_plans.end()) {
+      plan = std::move(it->second);
+      g_plans.erase(it);
+    }
+  }
+  return {paddle::empty({0}, paddle::DataType::INT64, paddle::CPUPlace())};
+}
+
+std::vector<std::vector<int64_t>> RunPlanStepShape(const std::vector<int64_t>& hidden, const std::vector<int64_t>&,
+                                                   const std::vector<int64_t>&, const std::vector<int64_t>&,
+                                                   const std::vector<int64_t>&, const std::vector<int64_t>&) {
+  return {{hidden[0], -1}, hidden};
+}
+
+std::vector<paddle::DataType> RunPlanStepDtype(const paddle::DataType&, const paddle::DataType&,
+                                               const paddle::DataType&, const paddle::DataType&,
+                                               const paddle::DataType&, const paddle::DataType&) {
+  return {paddle::DataType::FLOAT32, paddle::DataType::FLOAT32};
+}
+
+}  // namespace
+
+PD_BUILD_OP(fd_x86_run_plan_new)
+    .Inputs({paddle::Vec("Norms"), paddle::Vec("KCaches"), paddle::Vec("VCaches"), paddle::Vec("KScales"),
+             paddle::Vec("VScales"), paddle::Vec("Weights"), paddle::Vec("MoeTensors"), "FinalNorm",
+             paddle::Vec("Head")})
+    .Outputs({"Plan"})
+    .Attrs({"kinds: std::vector<int>", "methods: std::vector<int>", "out_features: std::vector<int64_t>",
+            "group_sizes: std::vector<int>", "eps: float", "num_heads: int64_t", "num_kv_heads: int64_t",
+            "interleaved: bool", "scale: float", "moe_ints: std::vector<int>", "moe_norm_min: std::vector<float>",
+            "head_method: int", "head_out: int64_t", "head_group: int", "head_eps: float"})
+    .SetKernelFn(PD_KERNEL(RunPlanNew));
+
+PD_BUILD_OP(fd_x86_run_plan_step)
+    .Inputs({"Hidden", "Residual", "CosSin", "StepInts", "Ids", "EmbedTable"})
+    .Outputs({"HiddenOut", "ResidualOut"})
+    .Attrs({"plan: int64_t", "has_residual: bool", "block_size: int64_t", "threads: int", "int8_act_rows: int",
+            "embed: bool"})
+    .SetKernelFn(PD_KERNEL(RunPlanStep))
+    .SetInferShapeFn(PD_INFER_SHAPE(RunPlanStepShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(RunPlanStepDtype));
+
+PD_BUILD_OP(fd_x86_run_plan_free)
+    .Inputs({"Any"})
+    .Outputs({"Out"})
+    .Attrs({"plan: int64_t"})
+    .SetKernelFn(PD_KERNEL(RunPlanFree));
