@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["step_tensors"]
 
 paddle = import_paddle()
+_HOST = paddle.CPUPlace()
 
 
 def step_tensors(step: StepInput, block_size: int, vocab_size: int,
@@ -84,7 +85,7 @@ def _decode_only(step: StepInput, block_size: int, vocab_size: int) -> tuple[Any
     else:
         for i, table in enumerate(tables):
             table_array[i, : len(table)] = table
-    ints = paddle.to_tensor(host)
+    ints = paddle.Tensor(host, _HOST)  # a copy, as paddle.to_tensor makes, without its Python wrappers
     meta = AttentionMetadata(
         num_decodes=step.num_decodes, block_size=block_size,
         query_lens=np.ones(batch, dtype=np.int64), seq_lens=host[3 * batch: 4 * batch],

@@ -310,12 +310,13 @@ _EMBED_DTYPES = ("paddle.float32", "paddle.bfloat16", "paddle.float16")  # the o
 
 
 def _embedding_fits(embedding: Any) -> bool:
-    """The op reads the embedding in place: a contiguous [V, D] host table of a 16-bit or fp32
-    dtype and int64 ids (a tied float head's transposed view is not: its rows are taken first)."""
-    table, ids = embedding.table, embedding.ids
-    return (table.place.is_cpu_place() and len(table.shape) == 2 and table.is_contiguous()
-            and str(table.dtype) in _EMBED_DTYPES and ids.place.is_cpu_place() and len(ids.shape) == 1
-            and ids.dtype == x86_ops._paddle().int64 and ids.is_contiguous())
+    """The op reads the embedding in place: a contiguous host table of a 16-bit or fp32 dtype (a
+    tied float head's transposed view is not: its rows are taken first) and int64 ids. The op
+    checks the rest (the table's rank and width, the ids' rank and values) and refuses what does
+    not fit."""
+    table = embedding.table
+    return (table.is_contiguous() and str(table.dtype) in _EMBED_DTYPES and table.place.is_cpu_place()
+            and str(embedding.ids.dtype) == "paddle.int64")
 
 
 def _head_args(head: Any | None, ints: list[int]) -> tuple[int, int, int, float]:
