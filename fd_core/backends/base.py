@@ -230,8 +230,10 @@ class Ops:
         head inside the run, else the run as above and then ``head.run``.
         A run with ``head`` may start at the token embedding: ``hidden`` a
         ``DecoderEmbedding`` (``residual`` None), which a plugin declaring
-        ``FD_DECODER_LAYERS_EMBEDDING`` too takes in the run; for the rest
-        its rows are taken first.
+        ``FD_DECODER_LAYERS_EMBEDDING`` too takes in the run; when none of
+        those answers, the rows are taken first and the run goes to the
+        plugins declaring ``FD_DECODER_LAYERS_HEAD`` as before (so a
+        head-only plugin registered first is asked only then).
         """
         has_moe = any(getattr(layer, "moe", None) is not None for layer in layers)
         if not hasattr(hidden, "shape"):  # not a tensor: the run starts at the embedding

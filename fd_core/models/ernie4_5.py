@@ -177,10 +177,12 @@ class Ernie4_5ForCausalLM:
         if logits_indices is None and not self.keep_hidden and self.ops.fuses_heads \
                 and type(self.lm_head) is Linear and self.layers[last_end - 1].fused \
                 and self.layers[last_end - 1].runs_whole:
-            # the whole model one run: it starts at the embedding where a plugin takes that too
+            # the whole model one run: it starts at the embedding where a plugin takes that too (not
+            # when embed_ids is replaced, on the class or the instance: tensor parallelism's is sharded)
             h: Any = DecoderEmbedding(self.embed_tokens.data, input_ids) \
                 if last_start == 0 and self.ops.fuses_embeddings \
-                and type(self).embed_ids is Ernie4_5ForCausalLM.embed_ids else self.embed_ids(input_ids)
+                and getattr(self.embed_ids, "__func__", None) is Ernie4_5ForCausalLM.embed_ids \
+                else self.embed_ids(input_ids)
             residual = None
             for start, end in self._runs[:-1]:
                 h, residual = self._run(start, end, h, residual, meta, caches)

@@ -56,7 +56,8 @@ class AttentionMetadata:
     workspace: dict[str, Any] = field(default_factory=dict)  # per-step kernel scratch
     # a decode-only step's positions, slots, seq_lens and block tables ([B, W] row-major) in one
     # [3 B + B W] int64 host tensor (positions and slot_mapping are views of it), for a backend
-    # that takes them in one piece; None when the step was built otherwise
+    # that takes them in one piece; None when the step was built otherwise. A copy with other
+    # positions or slots (dataclasses.replace) keeps it stale: a reader checks the views first
     decode_ints: Any = None
 
     @property

@@ -410,3 +410,58 @@ def test_ernie_decode_steps_hand_the_head_to_the_run(tmp_path: Path) -> None:
     assert len(seen) == 3 and seen[0] is None and isinstance(seen[1], DecoderHead) and seen[2] is None
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g.numpy(), w.numpy())
+
+
+def test_ernie_decode_steps_start_the_run_at_the_embedding(tmp_path: Path) -> None:
+    """With a plugin that takes embeddings (and heads), a decode-only step of a model that is one run hands
+    it a DecoderEmbedding (the table and the step's ids); declined, Ops takes the rows and asks again with
+    them, and the logits are unchanged. A plugin with the head flag alone, or an embed_ids replaced on the
+    instance (tensor parallelism's sharded one), never sees one."""
+    from fd_core.backends import get_backend
+    from fd_core.engine.model_runner import ModelRunner, StepInput
+    from fd_core.ops.decoder import DecoderEmbedding
+    from fd_core.testing.checkpoints import generate_checkpoint
+
+    model = generate_checkpoint(tmp_path / "m", "tiny-moe", naming="paddle", seed=3, dtype="float32")
+    seen: list[str] = []
+
+    class _HeadOnly:
+        FD_DECODER_LAYERS_HEAD = True
+        FD_DECODER_LAYERS_MOE = True
+
+        @hookimpl
+        def fd_decoder_layers(self, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches, head):  # noqa: ANN001, ANN201
+            seen.append(type(hidden).__name__)
+            if isinstance(hidden, DecoderEmbedding):
+                np.testing.assert_array_equal(hidden.ids.numpy(), [9, 10])
+            return None
+
+    class _Embedding(_HeadOnly):
+        FD_DECODER_LAYERS_EMBEDDING = True
+
+    def decode(runner: ModelRunner) -> object:
+        runner.execute(StepInput([[5, 6, 7], [8]], [3, 1], [[1], [2]], 0))
+        return runner.execute(StepInput([[9], [10]], [4, 2], [[1], [2]], 2))
+
+    def runner_with(plugin: object) -> ModelRunner:
+        runner = ModelRunner(model, get_backend("cpu"), num_blocks=8, block_size=16)
+        ops = Ops(make_plugin_manager(cpu, plugin), "spy")
+        for holder in (runner.model, runner.model.norm, runner.model.lm_head, *runner.model.layers):
+            holder.ops = ops
+        runner.model._runs = runner.model._plan_runs()
+        return runner
+
+    want = decode(ModelRunner(model, get_backend("cpu"), num_blocks=8, block_size=16))
+    got = decode(runner_with(_Embedding()))
+    # prefill: the run alone; decode: from the embedding, then (declined) from its rows, then the run alone
+    assert seen == ["Tensor", "DecoderEmbedding", "Tensor", "Tensor"]
+    np.testing.assert_array_equal(got.numpy(), want.numpy())  # type: ignore[attr-defined]
+    seen.clear()
+    decode(runner_with(_HeadOnly()))
+    assert "DecoderEmbedding" not in seen
+    seen.clear()
+    runner = runner_with(_Embedding())
+    table = runner.model.embed_tokens
+    runner.model.embed_ids = lambda ids: paddle.gather(table.data, ids)  # replaced on the instance
+    np.testing.assert_array_equal(decode(runner).numpy(), want.numpy())  # type: ignore[attr-defined]
+    assert "DecoderEmbedding" not in seen

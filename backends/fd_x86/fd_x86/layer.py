@@ -63,20 +63,13 @@ refuses an id outside it before any cache write; a table it cannot read in
 place (a tied float head's transposed view) is gathered here first.
 ``FD_X86_FUSED_EMBEDDING=0`` gathers every table first (A/B comparisons).
 
-A run's inputs (~80 tensors and the attribute lists for ERNIE's MoE stack)
-cost ~30 us of dispatch a call, so a cached run holds them natively
-(``fd_x86_run_plan_new``, made at the run's first step and freed with its
-cache entry) and a step passes the six step tensors and the plan's id
-(``fd_x86_run_plan_step``: ``fd_x86_decoder_layers``' code and checks on
-the held inputs). The step's positions, slots, lengths and block tables are
-one int64 tensor: the step's ``decode_ints`` when ``step_tensors`` made it,
-else built once per step (``_step_ints``). ``FD_X86_RUN_PLAN=0`` passes every
-input to ``fd_x86_decoder_layers`` each step (A/B comparisons).
+A cached run's inputs are held natively (a plan), a step's positions,
+slots, lengths and block tables arrive as one tensor, and the embedding's
+checks live in ``fd_x86.run_step``.
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
 import operator
 import os
@@ -108,13 +101,13 @@ from fd_x86.linear import (
     wint4_words,
 )
 from fd_x86.moe import int8_act_rows, layer_enabled, layer_in_run
+from fd_x86.run_step import Plan, RunInputs, embedding_enabled, embedding_fits, plans_enabled, step_ints
 
 __all__ = ["decoder_layers"]
 
 WINT8_CONTRACT = 3  # the op's kernel code for wint8 on the contract layout [out, in]
 BLOCK_FP8 = 8  # its code for block_wise_fp8 codes [out, in] (packed_linear.h's kBlockFp8Method)
 DENSE16 = {"paddle.bfloat16": 4, "paddle.float16": 5}  # its codes for 16-bit weights [in, out] (packed_linear.h)
-STEP_KEY = "x86.layer"  # in metadata.workspace: the step's index tensors
 # Per model (keyed by its rotary table, which it owns for its lifetime, through a weak
 # reference: the model's cache goes with it): the runs seen lately, content key -> (what the
 # entry holds, the op's inputs for the run or None when it does not fit), and each run's last
@@ -142,11 +135,6 @@ def _model_runs(cos_sin: Any) -> _ModelRuns:
     runs = _ModelRuns()
     _MODELS[key] = (weakref.ref(cos_sin, lambda _ref: _MODELS.pop(key, None)), runs)
     return runs
-
-
-def _embedding_enabled() -> bool:
-    """``FD_X86_FUSED_EMBEDDING=0``: the embedding before the run, as its own ops (A/B comparisons; read per call)."""
-    return os.environ.get("FD_X86_FUSED_EMBEDDING", "1") != "0"
 
 
 @functools.lru_cache(maxsize=1)
@@ -285,40 +273,6 @@ def _no_scales() -> Any:
     return x86_ops._paddle().zeros([1], dtype="float32")
 
 
-def _step_ints(metadata: Any) -> Any:
-    """The step's positions, slots, sequence lengths and block tables in one
-    int64 tensor as the op takes them: the step's own ``decode_ints`` (a
-    decode-only step from ``fd_core.engine.step_tensors``: no copy), else
-    built once per step and shared by the step's runs."""
-    ints = metadata.decode_ints
-    if ints is not None and ints.place.is_cpu_place() and ints.is_contiguous():
-        return ints
-    ints = metadata.workspace.get(STEP_KEY)
-    if ints is None:
-        rows = metadata.num_decodes
-        host = np.concatenate([
-            np.asarray(metadata.positions.numpy(), dtype=np.int64).reshape(-1),
-            np.asarray(metadata.slot_mapping.numpy(), dtype=np.int64).reshape(-1),
-            np.asarray(metadata.seq_lens[:rows], dtype=np.int64),
-            np.asarray(metadata.block_tables[:rows], dtype=np.int64).reshape(-1),
-        ])
-        ints = metadata.workspace[STEP_KEY] = x86_ops._paddle().to_tensor(host)
-    return ints
-
-
-_EMBED_DTYPES = ("paddle.float32", "paddle.bfloat16", "paddle.float16")  # the op's embedding tables
-
-
-def _embedding_fits(embedding: Any) -> bool:
-    """The op reads the embedding in place: a contiguous host table of a 16-bit or fp32 dtype (a
-    tied float head's transposed view is not: its rows are taken first) and int64 ids. The op
-    checks the rest (the table's rank and width, the ids' rank and values) and refuses what does
-    not fit."""
-    table = embedding.table
-    return (table.is_contiguous() and str(table.dtype) in _EMBED_DTYPES and table.place.is_cpu_place()
-            and str(embedding.ids.dtype) == "paddle.int64")
-
-
 def _head_args(head: Any | None, ints: list[int]) -> tuple[int, int, int, float]:
     """The op's head attributes: kernel code (-1: no head), width, group and the final norm's eps."""
     if head is None:
@@ -344,43 +298,6 @@ Run = tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any], li
 DENSE_LAYER, ATTENTION_ONLY_LAYER, MOE_LAYER = 0, 1, 2  # the op's layer kinds
 
 
-class _RunInputs(tuple):  # type: ignore[type-arg]
-    """A run's ``Run`` (the op's per-layer inputs) and the native plan made from them on first use."""
-
-    plan: _Plan | None = None
-
-
-class _Plan:
-    """A run's inputs held natively (``fd_x86_run_plan_new``): a step passes its id. Freed with this object,
-    which lives as long as the run's cache entry."""
-
-    def __init__(self, run: Run, first: Any, head_args: tuple[int, int, int, float]) -> None:
-        (norms, k_list, v_list, k_scales, v_scales, weights, methods, widths, groups, kinds, moe_tensors, moe_ints,
-         moe_norm_min, head_tensors, _) = run
-        some = norms[0]  # the op's unused slots take any tensor
-        self.id = int(load_ops().fd_x86_run_plan_new(
-            norms, k_list, v_list, k_scales, v_scales, weights, moe_tensors or [some],
-            head_tensors[0] if head_tensors else some, head_tensors[1:] or [some, some], kinds, methods, widths,
-            groups, float(first.eps), int(first.num_heads), int(first.num_kv_heads), bool(first.interleaved_rope),
-            float(first.scale), moe_ints, moe_norm_min, *head_args,
-        ).numpy()[0])
-
-    def __del__(self) -> None:
-        # not at exit (paddle's eager mode may be torn down; the process frees it all), nor in static mode
-        if _EXITING or not x86_ops._paddle().in_dynamic_mode():
-            return
-        load_ops().fd_x86_run_plan_free(_no_scales(), self.id)
-
-
-_EXITING: list[bool] = []  # non-empty once the interpreter exits (atexit runs before paddle's teardown)
-atexit.register(_EXITING.append, True)
-
-
-def _plans_enabled() -> bool:
-    """``FD_X86_RUN_PLAN=0``: every step passes the run's inputs to ``fd_x86_decoder_layers`` (A/B; per call)."""
-    return os.environ.get("FD_X86_RUN_PLAN", "1") != "0"
-
-
 def _build_head(head: Any, width: int, mode: int) -> tuple[list[Any], list[int]] | None:
     """The head's tensors (fp32 final norm, weight, scales) and ints (kernel code, width, group) as the op
     takes them, or None where it does not fit (its norm, or an LM head with no kernel in a run here)."""
@@ -394,7 +311,7 @@ def _build_head(head: Any, width: int, mode: int) -> tuple[list[Any], list[int]]
 
 
 def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], mode: int,
-               head: Any | None = None) -> _RunInputs | None:
+               head: Any | None = None) -> RunInputs | None:
     if not (len(layers) == len(k_caches) == len(v_caches)) or not _same_shape(layers) \
             or any(layer.attention_only for layer in layers[:-1]):
         return None
@@ -443,7 +360,7 @@ def _build_run(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: l
         if built is None:
             return None
         head_tensors, head_ints = built
-    return _RunInputs((norms, k_data, v_data, k_scales, v_scales, weights, methods, widths, groups, kinds,
+    return RunInputs((norms, k_data, v_data, k_scales, v_scales, weights, methods, widths, groups, kinds,
                        moe_tensors, moe_ints, moe_norm_min, head_tensors, head_ints))
 
 
@@ -499,7 +416,7 @@ def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], mode
 
 
 def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: list[Any], rows: int,
-                head: Any | None = None) -> _RunInputs | None:
+                head: Any | None = None) -> RunInputs | None:
     """The op's per-layer inputs for the run (norms, caches, weights and the
     kernels' codes, widths and groups), or None when a layer does not fit.
 
@@ -547,7 +464,7 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     ``hidden`` may be a ``DecoderEmbedding`` (a run with ``head``): the op takes its rows itself."""
     embedding = None
     if not hasattr(hidden, "shape"):  # a DecoderEmbedding
-        if _embedding_fits(hidden) and _embedding_enabled():
+        if embedding_fits(hidden) and embedding_enabled():
             embedding = hidden
             hidden = embedding.ids
         else:
@@ -578,12 +495,12 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     hidden = cos_sin if embedding is not None else dense(hidden)
     first = layers[0]
     int8_rows = int8_act_rows(rows) if moe_ints else 0  # the MoE blocks' opt-in, as fd_x86_moe_layer's
-    ints = _step_ints(metadata)
+    ints = step_ints(metadata)
     ids, table = (embedding.ids, embedding.table) if embedding is not None else (ints, cos_sin)  # unused without
-    if _plans_enabled():
+    if plans_enabled():
         plan = inputs.plan
         if plan is None:
-            plan = inputs.plan = _Plan(inputs, first, _head_args(head, head_ints))
+            plan = inputs.plan = Plan(inputs, first, _head_args(head, head_ints))
         out, total = load_ops().fd_x86_run_plan_step(
             hidden, hidden if residual is None else dense(residual), cos_sin, ints, ids, table, plan.id,
             residual is not None, int(metadata.block_size), num_threads(), int8_rows, embedding is not None)

@@ -148,7 +148,7 @@ def test_the_head_is_checked_before_any_cache_write(monkeypatch: pytest.MonkeyPa
     hidden, residual = step.inputs()
     before = [t.numpy().copy() for c in caches for t in c]
     meta = step.meta()
-    ints = fused._step_ints(meta)
+    ints = fused.step_ints(meta)
     first = layers[0]
     with pytest.raises(Exception, match="fd_x86_decoder_layers.*packed weight has"):
         build.load_ops().fd_x86_decoder_layers(

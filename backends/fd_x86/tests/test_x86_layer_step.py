@@ -8,6 +8,9 @@ in the logits and every cache."""
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -16,8 +19,9 @@ import pytest
 paddle = pytest.importorskip("paddle")
 
 import fd_x86.layer as fused  # noqa: E402
+import fd_x86.run_step as run_step  # noqa: E402
 from fd_x86 import build  # noqa: E402
-from test_x86_layer import HIDDEN, _layer, _step, _t, usable  # noqa: E402, F401 (usable: its module fixture)
+from test_x86_layer import BLOCK, HIDDEN, _layer, _step, _t, usable  # noqa: E402, F401 (usable: its module fixture)
 from test_x86_layer_head import VOCAB, _head  # noqa: E402
 from test_x86_layer_moe_run import _block, _moe_layer  # noqa: E402
 
@@ -55,10 +59,12 @@ def _ids(batch: int, seed: int = 5) -> Any:
     return paddle.to_tensor(np.random.default_rng(seed).integers(0, VOCAB, batch), dtype="int64")
 
 
-def _layers(moe: bool) -> list[Any]:
+def _layers(moe: bool, count: int = 2) -> list[Any]:
+    """``count`` layers: [wint8, wint4], or with ``moe`` [wint8, MoE]; one layer: the first, or the MoE."""
+    moe_layer = _moe_layer("wint8", _block("wint8", "wint8", True, seed=6))
     if moe:
-        return [_layer("wint8"), _moe_layer("wint8", _block("wint8", "wint8", True, seed=6))]
-    return [_layer("wint8"), _layer("wint4")]
+        return [_layer("wint8"), moe_layer] if count == 2 else [moe_layer]
+    return [_layer("wint8"), _layer("wint4")][:count]
 
 
 def _run(x86_ops: Any, layers: list[Any], step: Any, hidden: Any, head: Any) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -76,12 +82,14 @@ def _same(a: tuple[np.ndarray, list[np.ndarray]], b: tuple[np.ndarray, list[np.n
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("batch", [1, 5])
-@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+@pytest.mark.parametrize("moe,count", [(False, 2), (True, 2), (False, 1), (True, 1)],
+                         ids=["dense", "dense+moe", "one-dense", "one-moe"])
 def test_the_embedding_in_the_run_equals_the_rows_taken_before(x86_ops: Any, monkeypatch: pytest.MonkeyPatch,
-                                                               dtype: str, batch: int, moe: bool) -> None:
+                                                               dtype: str, batch: int, moe: bool, count: int) -> None:
     """A run that starts at the embedding (the op reads the ids' rows of an fp32 / bf16 / fp16 table) against
-    the rows taken by the model's own embedding first (FD_X86_FUSED_EMBEDDING=0): the same bits."""
-    layers, step, head = _layers(moe), _step(batch, False, seed=21), _head("wint8")
+    the rows taken by the model's own embedding first (FD_X86_FUSED_EMBEDDING=0): the same bits; one layer
+    or two, dense or MoE first (the rows sit in the buffer the second layer writes)."""
+    layers, step, head = _layers(moe, count), _step(batch, False, seed=21), _head("wint8")
     embedding = DecoderEmbedding(_table(dtype), _ids(batch))
     calls: list[bool] = []
     real = build.load_ops().fd_x86_run_plan_step
@@ -178,7 +186,7 @@ def test_a_plan_is_freed_with_its_runs_cache_entry(x86_ops: Any) -> None:
     assert fused.decoder_layers(layers, hidden, residual, cos_sin, step.meta(), [c[0] for c in caches],
                                 [c[1] for c in caches]) is not None
     plan = run.plan.id
-    ints = fused._step_ints(step.meta())
+    ints = run_step.step_ints(step.meta())
     bad = ints.clone()
     bad[2] = 1 << 40  # the first token's cache slot
     ops = build.load_ops()
@@ -203,8 +211,71 @@ def test_a_decode_steps_ints_are_one_tensor_equal_to_the_metadata() -> None:
     np.testing.assert_array_equal(ints[3:6], meta.slot_mapping.numpy())
     np.testing.assert_array_equal(ints[6:9], [70, 5, 130])
     np.testing.assert_array_equal(ints[9:].reshape(3, 3), [[4, 9, 0], [7, 0, 0], [2, 3, 5]])
-    assert fused._step_ints(meta) is meta.decode_ints
+    assert run_step.step_ints(meta) is meta.decode_ints
     meta.decode_ints = None  # a step whose metadata was built otherwise: the same tensor, built once per step
-    built = fused._step_ints(meta)
+    built = run_step.step_ints(meta)
     np.testing.assert_array_equal(built.numpy(), ints)
-    assert fused._step_ints(meta) is built
+    assert run_step.step_ints(meta) is built
+
+
+def _engine_meta(step: Any, ids: list[int]) -> tuple[Any, Any]:
+    """The step's ids and metadata as the engine makes them (step_tensors: decode_ints and its views)."""
+    batch = len(ids)
+    engine_step = StepInput(token_ids=[[i] for i in ids], seq_lens=step.seq_lens, block_tables=step.tables,
+                            num_decodes=batch, needs_logits=[True] * batch, all_logits=[False] * batch, mm_inputs=[])
+    flat, meta, _ = step_tensors(engine_step, BLOCK, VOCAB, 1 << 20)
+    assert meta.decode_ints is not None
+    return flat, meta
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_the_engines_step_ints_equal_the_metadata_built_the_general_way(x86_ops: Any, batch: int) -> None:
+    """The op reads the step's positions, slots, lengths and block tables from the views step_tensors made of
+    one host tensor (decode_ints, at an offset into it): the same bits as from AttentionMetadata.build's."""
+    layers, step, head = _layers(True), _step(batch, False, seed=27), _head("wint8")
+    ids = [int(i) for i in np.random.default_rng(2).integers(0, VOCAB, batch)]
+    flat, meta = _engine_meta(step, ids)
+    assert run_step.step_ints(meta) is meta.decode_ints
+    table = _table("bfloat16")
+
+    def run(metadata: Any, ids_tensor: Any) -> tuple[np.ndarray, list[np.ndarray]]:
+        caches = [step.caches() for _ in layers]
+        out = x86_ops.decoder_layers(layers, DecoderEmbedding(table, ids_tensor), None, step.cos_sin, metadata,
+                                     [c[0] for c in caches], [c[1] for c in caches], head)
+        return out.numpy(), [t.numpy() for c in caches for t in c]
+
+    _same(run(meta, flat), run(step.meta(), paddle.to_tensor(np.array(ids, np.int64))))
+
+
+def test_a_copy_of_the_metadata_with_other_positions_does_not_read_the_stale_ints() -> None:
+    """dataclasses.replace(meta, positions=...) keeps decode_ints, whose positions are the old ones: the
+    run builds the step's ints from the copy's own fields instead."""
+    step = _step(3, False, seed=28)
+    _, meta = _engine_meta(step, [1, 2, 3])
+    moved = replace(meta, positions=meta.positions + 1)
+    ints = run_step.step_ints(moved)
+    assert ints is not moved.decode_ints
+    np.testing.assert_array_equal(ints.numpy()[:3], meta.positions.numpy() + 1)
+    np.testing.assert_array_equal(ints.numpy()[3:], meta.decode_ints.numpy()[3:])
+
+
+def test_a_process_with_live_plans_exits_cleanly(tmp_path: Any) -> None:
+    """An offline LLM on x86 still alive at exit: its plans hold weights in memory Python owns (huge-page
+    mappings), freed at exit before Python is finalized (a crash at exit before, ~1 run in 3)."""
+    script = tmp_path / "live.py"
+    script.write_text(
+        "import sys\n"
+        "from fd_core import LLM, SamplingParams\n"
+        "from fd_core.testing.checkpoints import generate_checkpoint\n"
+        "path = generate_checkpoint(sys.argv[1], 'tiny-dense', naming='paddle', seed=1)\n"
+        "llm = LLM(str(path), backend='x86', max_model_len=256, max_num_seqs=4, quantization='wint8')\n"
+        "out = llm.generate([{'prompt_token_ids': [5, 6, 7, 8]}], SamplingParams(max_tokens=4, temperature=0,\n"
+        "                   ignore_eos=True), use_tqdm=False)\n"
+        "assert len(out[0].outputs[0].token_ids) == 4\n"
+        "import fd_x86.run_step\n"
+        "assert fd_x86.run_step._LIVE, 'no plan was made'\n"
+    )
+    for i in range(6):  # stdout to /dev/null: with it on a pipe the crash did not show
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / f"m{i}")], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, timeout=300)
+        assert done.returncode == 0, (done.returncode, done.stderr[-2000:])

@@ -1085,8 +1085,11 @@ struct RunPlan {
   int head_method = -1, head_group = -1;
 };
 
-std::mutex g_plans_mutex;
-std::unordered_map<int64_t, std::shared_ptr<const RunPlan>> g_plans;
+// Never destroyed: a plan left at exit must not release its tensors from a static destructor, after
+// Python (which may own their memory) is finalized. fd_x86.run_step frees every plan at exit.
+std::mutex& g_plans_mutex = *new std::mutex;
+std::unordered_map<int64_t, std::shared_ptr<const RunPlan>>& g_plans =
+    *new std::unordered_map<int64_t, std::shared_ptr<const RunPlan>>;
 int64_t g_next_plan = 1;
 
 std::vector<paddle::Tensor> RunPlanNew(
