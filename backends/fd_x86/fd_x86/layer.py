@@ -78,8 +78,6 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
-import numpy as np
-
 from fd_core.backends.cpu import num_threads
 from fd_core.ops.content_key import tensor_key
 from fd_core.ops.linear import QuantizedWeight
@@ -101,7 +99,14 @@ from fd_x86.linear import (
     wint4_words,
 )
 from fd_x86.moe import int8_act_rows, layer_enabled, layer_in_run
-from fd_x86.run_step import Plan, RunInputs, embedding_enabled, embedding_fits, plans_enabled, step_ints
+from fd_x86.run_step import (
+    Plan,
+    RunInputs,
+    embedding_enabled,
+    embedding_fits,
+    plans_enabled,
+    step_ints,
+)
 
 __all__ = ["decoder_layers"]
 
