@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import paddle
@@ -375,6 +376,19 @@ def test_runs_with_the_head_go_only_to_plugins_that_declare_them() -> None:
     assert declining.heads == [head, None] and logits.shape == [2, 40]
 
 
+def _spied_runner(model: Path, plugin: object) -> Any:
+    """A CPU ModelRunner of ``model`` whose layers, norm and head call their ops through ``plugin`` and the reference."""
+    from fd_core.backends import get_backend
+    from fd_core.engine.model_runner import ModelRunner
+
+    runner = ModelRunner(model, get_backend("cpu"), num_blocks=8, block_size=16)
+    ops = Ops(make_plugin_manager(cpu, plugin), "spy")
+    for holder in (runner.model, runner.model.norm, runner.model.lm_head, *runner.model.layers):
+        holder.ops = ops
+    runner.model._runs = runner.model._plan_runs()
+    return runner
+
+
 def test_ernie_decode_steps_hand_the_head_to_the_run(tmp_path: Path) -> None:
     """With a plugin that takes heads, a decode-only step of the ERNIE model ends its last run with the
     head (one call after the embedding); a step that wants fewer rows than it runs keeps the head apart;
@@ -400,12 +414,7 @@ def test_ernie_decode_steps_hand_the_head_to_the_run(tmp_path: Path) -> None:
         return prefill, runner.execute(StepInput([[9], [10]], [4, 2], [[1], [2]], 2))
 
     want = decode(ModelRunner(model, get_backend("cpu"), num_blocks=8, block_size=16))
-    runner = ModelRunner(model, get_backend("cpu"), num_blocks=8, block_size=16)
-    ops = Ops(make_plugin_manager(cpu, _Spy()), "spy")
-    for holder in (runner.model, runner.model.norm, runner.model.lm_head, *runner.model.layers):
-        holder.ops = ops
-    runner.model._runs = runner.model._plan_runs()
-    got = decode(runner)
+    got = decode(_spied_runner(model, _Spy()))
     # the prefill keeps the head apart; the decode step hands it over, and (declined) asks for the run alone
     assert len(seen) == 3 and seen[0] is None and isinstance(seen[1], DecoderHead) and seen[2] is None
     for g, w in zip(got, want):
@@ -443,24 +452,16 @@ def test_ernie_decode_steps_start_the_run_at_the_embedding(tmp_path: Path) -> No
         runner.execute(StepInput([[5, 6, 7], [8]], [3, 1], [[1], [2]], 0))
         return runner.execute(StepInput([[9], [10]], [4, 2], [[1], [2]], 2))
 
-    def runner_with(plugin: object) -> ModelRunner:
-        runner = ModelRunner(model, get_backend("cpu"), num_blocks=8, block_size=16)
-        ops = Ops(make_plugin_manager(cpu, plugin), "spy")
-        for holder in (runner.model, runner.model.norm, runner.model.lm_head, *runner.model.layers):
-            holder.ops = ops
-        runner.model._runs = runner.model._plan_runs()
-        return runner
-
     want = decode(ModelRunner(model, get_backend("cpu"), num_blocks=8, block_size=16))
-    got = decode(runner_with(_Embedding()))
+    got = decode(_spied_runner(model, _Embedding()))
     # prefill: the run alone; decode: from the embedding, then (declined) from its rows, then the run alone
     assert seen == ["Tensor", "DecoderEmbedding", "Tensor", "Tensor"]
     np.testing.assert_array_equal(got.numpy(), want.numpy())  # type: ignore[attr-defined]
     seen.clear()
-    decode(runner_with(_HeadOnly()))
+    decode(_spied_runner(model, _HeadOnly()))
     assert "DecoderEmbedding" not in seen
     seen.clear()
-    runner = runner_with(_Embedding())
+    runner = _spied_runner(model, _Embedding())
     table = runner.model.embed_tokens
     runner.model.embed_ids = lambda ids: paddle.gather(table.data, ids)  # replaced on the instance
     np.testing.assert_array_equal(decode(runner).numpy(), want.numpy())  # type: ignore[attr-defined]

@@ -100,10 +100,12 @@ from fd_x86.linear import (
 )
 from fd_x86.moe import int8_act_rows, layer_enabled, layer_in_run
 from fd_x86.run_step import (
+    ORPHANS,
     Plan,
     RunInputs,
     embedding_enabled,
     embedding_fits,
+    free_orphans,
     plans_enabled,
     step_ints,
 )
@@ -503,6 +505,8 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     ints = step_ints(metadata)
     ids, table = (embedding.ids, embedding.table) if embedding is not None else (ints, cos_sin)  # unused without
     if plans_enabled():
+        if ORPHANS:
+            free_orphans()
         plan = inputs.plan
         if plan is None:
             plan = inputs.plan = Plan(inputs, first, _head_args(head, head_ints))

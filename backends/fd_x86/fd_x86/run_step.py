@@ -29,7 +29,8 @@ import numpy as np
 from fd_x86 import ops as x86_ops
 from fd_x86.build import load_ops
 
-__all__ = ["Plan", "RunInputs", "embedding_enabled", "embedding_fits", "plans_enabled", "step_ints"]
+__all__ = ["ORPHANS", "Plan", "RunInputs", "embedding_enabled", "embedding_fits", "free_orphans", "plans_enabled",
+           "step_ints"]
 
 STEP_KEY = "x86.layer"  # in metadata.workspace: the step's ints when built here
 EMBED_DTYPES = ("paddle.float32", "paddle.bfloat16", "paddle.float16")  # the op's embedding tables
@@ -92,7 +93,7 @@ class RunInputs(tuple):  # type: ignore[type-arg]
 
 
 _LIVE: set[int] = set()  # the ids of the plans not yet freed
-_ORPHANS: list[int] = []  # plans dropped outside dynamic mode: freed at the next step
+ORPHANS: list[int] = []  # plans dropped outside dynamic mode: freed at the next step (fd_x86.layer)
 _EXITING: list[bool] = []  # non-empty once _free_all ran
 
 
@@ -103,7 +104,7 @@ class Plan:
     def __init__(self, run: Any, first: Any, head_args: tuple[int, int, int, float]) -> None:
         (norms, k_list, v_list, k_scales, v_scales, weights, methods, widths, groups, kinds, moe_tensors, moe_ints,
          moe_norm_min, head_tensors, _) = run
-        _free_orphans()
+        free_orphans()
         some = norms[0]  # the op's unused slots take any tensor
         self.id = int(load_ops().fd_x86_run_plan_new(
             norms, k_list, v_list, k_scales, v_scales, weights, moe_tensors or [some],
@@ -117,7 +118,7 @@ class Plan:
         if _EXITING or self.id not in _LIVE:  # freed at exit already
             return
         if not x86_ops._paddle().in_dynamic_mode():  # the op cannot run now: at the next step
-            _ORPHANS.append(self.id)
+            ORPHANS.append(self.id)
             return
         _free(self.id)
 
@@ -127,9 +128,9 @@ def _free(plan: int) -> None:
     load_ops().fd_x86_run_plan_free(_any_tensor(), plan)
 
 
-def _free_orphans() -> None:
-    while _ORPHANS:
-        _free(_ORPHANS.pop())
+def free_orphans() -> None:
+    while ORPHANS:
+        _free(ORPHANS.pop())
 
 
 @functools.lru_cache(maxsize=1)
@@ -141,7 +142,7 @@ def _any_tensor() -> Any:
 def _free_all() -> None:
     """Free every live plan while Python and paddle still run (atexit handlers run before paddle's
     teardown and the C++ static destructors): the weights a plan holds may be memory Python owns."""
-    _ORPHANS.clear()
+    ORPHANS.clear()
     try:
         if x86_ops._paddle().in_dynamic_mode():
             for plan in list(_LIVE):

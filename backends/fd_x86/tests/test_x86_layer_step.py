@@ -198,6 +198,31 @@ def test_a_plan_is_freed_with_its_runs_cache_entry(x86_ops: Any) -> None:
         ops.fd_x86_run_plan_step(hidden, residual, step.cos_sin, ints, ints, hidden, plan, True, 16, 1, 0, False)
 
 
+def test_a_plan_dropped_outside_dynamic_mode_is_freed_at_the_next_step(x86_ops: Any) -> None:
+    """A plan whose cache entry goes while paddle is in static mode (its op cannot run then) waits in
+    ORPHANS and is freed by the next step that runs a plan."""
+    layers, step = _layers(False), _step(2, True, seed=29)
+    hidden, residual = step.inputs()
+    caches = [step.caches() for _ in layers]
+    k, v = [c[0] for c in caches], [c[1] for c in caches]
+    cos_sin = _t(step.cos_sin.numpy())  # this test's own rotary table: its own per-model cache
+    assert fused.decoder_layers(layers, hidden, residual, cos_sin, step.meta(), k, v) is not None
+    plan = fused._run_inputs(layers, cos_sin, k, v, 2).plan.id
+    paddle.enable_static()
+    try:
+        del cos_sin  # the model's cache goes, and with it the run and its plan
+        gc.collect()
+        assert run_step.ORPHANS == [plan]
+    finally:
+        paddle.disable_static()
+    assert fused.decoder_layers(layers, hidden, residual, step.cos_sin, step.meta(), k, v) is not None
+    assert run_step.ORPHANS == [] and plan not in run_step._LIVE
+    ints = run_step.step_ints(step.meta())
+    with pytest.raises(Exception, match=f"no run plan {plan} "):
+        build.load_ops().fd_x86_run_plan_step(hidden, residual, step.cos_sin, ints, ints, hidden, plan, True, 16, 1,
+                                              0, False)
+
+
 def test_a_decode_steps_ints_are_one_tensor_equal_to_the_metadata() -> None:
     """step_tensors' decode-only form: the ids, positions and slots are views of one host tensor whose tail
     (decode_ints) is what the run reads, and equals what fd_x86 builds from metadata made the general way."""
