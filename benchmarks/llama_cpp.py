@@ -22,7 +22,10 @@ A benchmark, never CI. Steps, for each shape (``--shapes``):
    their time; llama.cpp: llama-batched-bench over ``--decode-tokens``),
    and prefill tok/s of one ``--prefill-len``-token prompt (fd-core: one
    fresh prompt to its first token; llama.cpp: llama-bench -p). Each cell is
-   the median over rounds.
+   the median over rounds. Every fd-core engine is loaded afresh before each
+   round after the first (``--no-reload``: once), so the median covers several
+   placements of its weights in memory, on which its B=1 step depends by up to
+   ~30% (llama.cpp reads the page cache's pages of its file every round).
 4. Greedy agreement: ``--greedy-tokens`` tokens after each of
    ``--greedy-prompts`` token-id prompts, every fd-core row against its
    llama.cpp row of equal bits (llama-server /completion, temperature 0).
@@ -70,6 +73,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fd-dtype", default="auto", help="fd-core --dtype of the quantized rows (fp32 row: float32)")
     p.add_argument("--lm-head", choices=["float", "int8"], default="float",
                    help="fd-core LM head: float (engine default) or int8 (as llama.cpp's q8_0 / q4_0 quantize it)")
+    p.add_argument("--reload", action=argparse.BooleanOptionalAction, default=True,
+                   help="load each fd-core engine afresh before every round after the first (default on)")
     p.add_argument("--greedy-tokens", type=int, default=8)
     p.add_argument("--greedy-prompts", type=int, default=3)
     p.add_argument("--llama-cpp", type=Path, default=None, help="an existing llama.cpp tree or build dir")
@@ -195,6 +200,8 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, llama: Any) -> 
     llama_prefill: dict[str, list[float]] = {q: [] for q in ggufs}
     for r in range(args.rounds):
         for row in rows:
+            if r and args.reload:
+                fdc.reload(row)
             fdc.measure_decode(row, args.batch, args.prompt_len, args.steps)
             fdc.measure_prefill(row, args.prefill_len, r)
             print(f"  round {r + 1} {row.label}: " + " ".join(f"B={b} {row.decode[b][-1]:.1f}" for b in args.batch)

@@ -12,6 +12,12 @@ first token (prefix caching off, so every round really prefills). A row's
 ``env`` (e.g. ``FD_X86_PREFILL_INT8_ACT=1``, an fd_x86 switch read on every
 call) is set around each of its measurements only, so rows with and without
 it share the process.
+
+A row's engine may be loaded afresh for each round (``reload``): an engine's
+B=1 step moves by up to ~30% with where its weights land in memory (the
+same script in fresh loads: 0.61 to 0.94 ms a mid-size MoE step), while
+llama.cpp reads the page cache's pages of its file, the same memory every
+round; with a fresh load per round the median covers several placements.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any
 import numpy as np
 from quant_decode import Config, finish, start, timed_steps
 
-__all__ = ["FdRow", "environ", "greedy_tokens", "load", "measure_decode", "measure_prefill"]
+__all__ = ["FdRow", "environ", "greedy_tokens", "load", "measure_decode", "measure_prefill", "reload"]
 
 
 @dataclass
@@ -40,6 +46,7 @@ class FdRow:
     decode: dict[int, list[float]] = field(default_factory=dict)  # batch -> tok/s per round
     prefill: list[float] = field(default_factory=list)  # tok/s per round
     env: dict[str, str] = field(default_factory=dict)  # set around this row's measurements
+    source: tuple[Any, ...] = ()  # load()'s arguments after the label, for reload()
 
 
 @contextlib.contextmanager
@@ -61,17 +68,36 @@ def load(label: str, checkpoint: Path, backend: str, engine_kwargs: dict[str, An
          max_len: int, env: dict[str, str] | None = None) -> FdRow:
     """An in-process engine for ``checkpoint`` on ``backend`` with ``engine_kwargs`` (quantization, dtype);
     ``env`` set around its measurements."""
+    row = FdRow(label, _engine(checkpoint, backend, engine_kwargs, max_batch, max_len), env=dict(env or {}),
+                source=(checkpoint, backend, engine_kwargs, max_batch, max_len))
+    _warm_up(row)
+    return row
+
+
+def reload(row: FdRow) -> None:
+    """``row``'s engine freed and loaded again as ``load`` made it (its measurements kept)."""
+    import gc
+
+    del row.config.llm
+    gc.collect()
+    row.config = _engine(*row.source)
+    _warm_up(row)
+
+
+def _engine(checkpoint: Path, backend: str, engine_kwargs: dict[str, Any], max_batch: int, max_len: int) -> Config:
     from fd_core import LLM
 
     blocks_per_seq = -(-(max_len + 16) // 64) + 1  # block_size 64 (the default)
     llm = LLM(str(checkpoint), backend=backend, max_model_len=max_len, max_num_seqs=max_batch,
               max_num_batched_tokens=max(2048, max_len), num_gpu_blocks_override=max_batch * blocks_per_seq + 16,
               enable_prefix_caching=False, **engine_kwargs)
-    row = FdRow(label, Config(backend, str(engine_kwargs.get("quantization")), llm), env=dict(env or {}))
+    return Config(backend, str(engine_kwargs.get("quantization")), llm)
+
+
+def _warm_up(row: FdRow) -> None:
     with environ(row.env):
         start(row.config, 2, 16, 4)  # first-use costs: allocator, op builds, weight repacks
         finish(row.config)
-    return row
 
 
 def measure_decode(row: FdRow, batches: Sequence[int], prompt_len: int, steps: int) -> None:

@@ -37,6 +37,7 @@ def test_defaults_and_quick_mode():
     args = script.parse_args([])
     assert args.shapes == ["0.3b", "mid-moe"] and args.batch == [1, 8, 32] and args.rounds == 2
     assert args.threads == 2 and args.prompt_len == 128 and args.prefill_len == 512 and args.lm_head == "float"
+    assert args.reload and not script.parse_args(["--no-reload"]).reload
     quick = script.parse_args(["--quick"])
     assert quick.shapes == ["tiny-dense", "tiny-moe"] and quick.batch == [1, 8] and quick.rounds == 1
     assert script.parse_args(["--batch", "8", "1", "8"]).batch == [1, 8]
@@ -144,3 +145,22 @@ def test_a_rows_env_is_set_around_its_measurements_only(monkeypatch: pytest.Monk
     assert "FD_X86_PREFILL_INT8_ACT" not in os.environ and os.environ["FD_BENCH_KEPT"] == "before"
     opt_in = [c for s in ("0.3b", "mid-moe") for c in shapes.SHAPES[s].fd_configs if c.env]
     assert opt_in and all(c.env == {"FD_X86_PREFILL_INT8_ACT": "1"} and c.pair == "q4_0" for c in opt_in)
+
+
+def test_a_reload_gives_the_row_a_fresh_engine_and_keeps_its_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """reload frees the row's engine, builds one from the same arguments and warms it up with the row's env."""
+    from types import SimpleNamespace
+
+    fdcore = _load("llama_cpp_fdcore")
+    made: list[tuple] = []
+    warmed: list[object] = []
+    monkeypatch.setattr(fdcore, "_engine", lambda *source: made.append(source) or SimpleNamespace(llm=object()))
+    monkeypatch.setattr(fdcore, "_warm_up", lambda row: warmed.append(row.config))
+    row = fdcore.load("fd-core x86 w4a8", Path("ckpt"), "x86", {"quantization": "w4a8"}, 8, 256, {"A": "1"})
+    first = row.config
+    row.decode[1] = [100.0]
+    row.prefill.append(50.0)
+    fdcore.reload(row)
+    assert made == [(Path("ckpt"), "x86", {"quantization": "w4a8"}, 8, 256)] * 2
+    assert warmed == [first, row.config] and row.config is not first and not hasattr(first, "llm")
+    assert row.decode == {1: [100.0]} and row.prefill == [50.0] and row.env == {"A": "1"}
