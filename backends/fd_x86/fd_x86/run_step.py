@@ -115,12 +115,13 @@ class Plan:
         _LIVE.add(self.id)
 
     def __del__(self) -> None:
-        if _EXITING or self.id not in _LIVE:  # freed at exit already
+        plan = getattr(self, "id", None)  # None: the op refused the run's inputs
+        if _EXITING or plan not in _LIVE:  # freed at exit already
             return
         if not x86_ops._paddle().in_dynamic_mode():  # the op cannot run now: at the next step
-            ORPHANS.append(self.id)
+            ORPHANS.append(plan)
             return
-        _free(self.id)
+        _free(plan)
 
 
 def _free(plan: int) -> None:

@@ -41,20 +41,7 @@ def usable() -> None:
     build.load_ops()
 
 
-@pytest.fixture(autouse=True)
-def fused_layer_on(monkeypatch: pytest.MonkeyPatch):
-    """Each test starts with FD_X86_FUSED_LAYER unset (``_enabled`` is cached)."""
-    monkeypatch.delenv("FD_X86_FUSED_LAYER", raising=False)
-    fused._enabled.cache_clear()
-    yield
-    fused._enabled.cache_clear()
-
-
-@pytest.fixture(scope="module")
-def x86_ops() -> Any:
-    from fd_core.backends import get_backend
-
-    return get_backend("x86").ops
+pytestmark = pytest.mark.usefixtures("fused_switches_unset")
 
 
 @pytest.fixture(scope="module")

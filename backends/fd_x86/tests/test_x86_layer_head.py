@@ -28,20 +28,7 @@ from fd_core.quantization.weights import quantize_weight  # noqa: E402
 VOCAB = 200  # not a multiple of 16: the packed kernels' tail
 
 
-@pytest.fixture(autouse=True)
-def switches_unset(monkeypatch: pytest.MonkeyPatch):
-    for name in ("FD_X86_FUSED_LAYER", "FD_X86_FUSED_HEAD", "FD_X86_FUSED_MOE_RUN", "FD_X86_PREFILL_INT8_ACT"):
-        monkeypatch.delenv(name, raising=False)
-    fused._enabled.cache_clear()
-    yield
-    fused._enabled.cache_clear()
-
-
-@pytest.fixture(scope="module")
-def x86_ops() -> Any:
-    from fd_core.backends import get_backend
-
-    return get_backend("x86").ops
+pytestmark = pytest.mark.usefixtures("fused_switches_unset")
 
 
 def _head(form: str, seed: int = 7) -> DecoderHead:

@@ -39,23 +39,7 @@ def usable() -> None:
     build.load_ops()
 
 
-@pytest.fixture(autouse=True)
-def switches_unset(monkeypatch: pytest.MonkeyPatch):
-    for name in ("FD_X86_FUSED_LAYER", "FD_X86_FUSED_MOE_ATTENTION", "FD_X86_FUSED_MOE_RUN", "FD_X86_MOE_LAYER",
-                 "FD_X86_MOE_NATIVE", "FD_X86_PREFILL_INT8_ACT"):
-        monkeypatch.delenv(name, raising=False)
-    fused._enabled.cache_clear()
-    fused._attention_only_enabled.cache_clear()
-    yield
-    fused._enabled.cache_clear()
-    fused._attention_only_enabled.cache_clear()
-
-
-@pytest.fixture(scope="module")
-def x86_ops() -> Any:
-    from fd_core.backends import get_backend
-
-    return get_backend("x86").ops
+pytestmark = pytest.mark.usefixtures("fused_switches_unset")
 
 
 @pytest.fixture(scope="module")

@@ -29,24 +29,7 @@ from fd_core.engine.model_runner import StepInput  # noqa: E402
 from fd_core.engine.step_tensors import step_tensors  # noqa: E402
 from fd_core.ops.decoder import DecoderEmbedding  # noqa: E402
 
-SWITCHES = ("FD_X86_FUSED_LAYER", "FD_X86_FUSED_HEAD", "FD_X86_FUSED_MOE_RUN", "FD_X86_FUSED_EMBEDDING",
-            "FD_X86_RUN_PLAN", "FD_X86_PREFILL_INT8_ACT")
-
-
-@pytest.fixture(autouse=True)
-def switches_unset(monkeypatch: pytest.MonkeyPatch):
-    for name in SWITCHES:
-        monkeypatch.delenv(name, raising=False)
-    fused._enabled.cache_clear()
-    yield
-    fused._enabled.cache_clear()
-
-
-@pytest.fixture(scope="module")
-def x86_ops() -> Any:
-    from fd_core.backends import get_backend
-
-    return get_backend("x86").ops
+pytestmark = pytest.mark.usefixtures("fused_switches_unset")
 
 
 def _table(dtype: str, seed: int = 3) -> Any:
