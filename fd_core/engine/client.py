@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Container
+from collections.abc import AsyncIterator, Container, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +144,11 @@ class InprocEngineClient(EngineClient):
         self.tokenizer = self.engine.tokenizer
         self.info = engine_info_of(self.engine.core)
         self._lock = threading.Lock()
+        # A CPython lock is not fair: the loop, releasing and retaking it step after
+        # step, could keep an add or an abort waiting for many steps. Callers count
+        # themselves in ``_callers`` and the loop lets them in before its next step.
+        self._turn = threading.Condition()
+        self._callers = 0
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stats = _stats_of(self.engine.core)
@@ -154,6 +160,8 @@ class InprocEngineClient(EngineClient):
     def _loop(self) -> None:
         try:
             while not self._stop:
+                with self._turn:
+                    self._turn.wait_for(lambda: not self._callers, timeout=0.5)
                 with self._lock:
                     busy = self.engine.has_unfinished_requests()
                     outputs = self.engine.step() if busy else []
@@ -179,7 +187,7 @@ class InprocEngineClient(EngineClient):
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = (asyncio.get_running_loop(), queue)
         try:
-            with self._lock:
+            with self._engine_turn():
                 try:
                     self.engine.add_request(request_id, prompt, params, arrival_time)
                 except (ValueError, TypeError) as exc:
@@ -196,8 +204,21 @@ class InprocEngineClient(EngineClient):
             self._queues.pop(request_id, None)
             await self.abort(request_id)
 
+    @contextlib.contextmanager
+    def _engine_turn(self) -> Iterator[None]:
+        """The engine, between two steps of the loop (which waits for every caller)."""
+        with self._turn:
+            self._callers += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._turn:
+                self._callers -= 1
+                self._turn.notify_all()
+
     async def abort(self, request_id: str) -> None:
-        with self._lock:
+        with self._engine_turn():
             self.engine.abort_request(request_id)
             self._stats = _stats_of(self.engine.core)  # the freed blocks show at once
 

@@ -76,6 +76,13 @@ async def test_disconnect_before_the_answer_aborts_a_non_streaming_request(app, 
         original(request_id)
 
     monkeypatch.setattr(engine, "abort_request", abort_request)
+    step = engine.step
+
+    def slow_step():  # 200 steps take >= 1 s: the cancel always lands while they run
+        time.sleep(0.005)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
     async with httpx.AsyncClient(transport=StreamingASGITransport(app), base_url="http://fd", timeout=60) as client:
         task = asyncio.create_task(client.post("/v1/completions", json={
             "prompt": "a long one", "max_tokens": 200, **GREEDY}))
@@ -88,3 +95,38 @@ async def test_disconnect_before_the_answer_aborts_a_non_streaming_request(app, 
             await task
         await wait_idle(engine_client)
     assert len(aborted_live) == 1
+
+
+
+async def test_a_caller_waiting_for_the_engine_goes_before_its_next_step(engine_client, monkeypatch):
+    """The engine loop lets a waiting caller (an add, an abort) in before its next
+    step: a plain lock is not fair, and the loop retaking it step after step could
+    keep an abort waiting until its request had run to the end."""
+    import threading
+
+    from fd_core.sampling.params import SamplingParams
+
+    await wait_idle(engine_client)
+    engine = engine_client.engine
+    events: list[str] = []
+    step = engine.step
+
+    def caller():
+        with engine_client._engine_turn():
+            events.append("caller")
+
+    def recording_step():
+        events.append("step")
+        if events.count("step") in (3, 6, 9):  # a caller comes while this step holds the engine
+            threading.Thread(target=caller).start()
+            while not engine_client._callers:
+                time.sleep(0.0001)
+        return step()
+
+    monkeypatch.setattr(engine, "step", recording_step)
+    stream = engine_client.generate("fair", "go on forever", SamplingParams(max_tokens=12, temperature=0))
+    async for _ in stream:
+        pass
+    await wait_idle(engine_client)
+    calls = [k for k, e in enumerate(events) if e == "caller"]
+    assert [events[:k].count("step") for k in calls] == [3, 6, 9], events  # each right after its step
