@@ -112,9 +112,12 @@ def supported_weight_dtypes(model_cls: Any) -> tuple[str, ...]:
 
 def _use_dtype(model: Any, dtype: str) -> None:
     """Store every float parameter in ``dtype``, but pinned ones (fp32 by
-    design) and quantized ones (filled in fp32, stored as codes)."""
+    design) and quantized ones (filled in fp32, stored as codes), which
+    record it as the dtype of the activations they meet (``act_dtype``)."""
     for param in model.parameters().values():
-        if not param.pinned and getattr(param, "method", None) is None:
+        if getattr(param, "method", None) is not None:
+            param.act_dtype = dtype
+        elif not param.pinned:
             param.dtype = dtype
 
 

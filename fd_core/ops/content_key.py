@@ -39,8 +39,9 @@ def tensor_key(t: Any, version: bool = True) -> Hashable:
 
 def weight_key(w: Any) -> Hashable:
     """A linear weight's key: a tensor's, or a ``QuantizedWeight``'s method,
-    group size, features and the keys of its codes and scales."""
+    group size, features, activation dtype and the keys of its codes and scales."""
     qweight = getattr(w, "qweight", None)
     if qweight is None:
         return tensor_key(w)
-    return (w.method, w.group_size, w.in_features, w.out_features, tensor_key(qweight), tensor_key(w.scales))
+    return (w.method, w.group_size, w.in_features, w.out_features, getattr(w, "act_dtype", "float32"),
+            tensor_key(qweight), tensor_key(w.scales))

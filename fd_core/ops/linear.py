@@ -36,6 +36,12 @@ class QuantizedWeight:
     and ``group_size`` -1 when per channel). Stacked MoE experts add a leading
     expert axis to both tensors; ``in_features``/``out_features`` are then one
     expert's. See ``fd_core.quantization.wint`` for the exact arithmetic.
+
+    ``act_dtype`` is the dtype of the activations the weight meets in its model
+    (``--dtype``; the loader sets it): under ``bfloat16`` the reference's linear
+    multiplies bf16 activations, and a backend whose kernels keep activations in
+    fp32 between ops may round them to bf16 at this linear (the same operands as
+    the reference's). ``float32`` (the default) promises nothing more.
     """
 
     method: str  # "wint8", "wint4", "w8a8", or a plugin's method
@@ -44,11 +50,12 @@ class QuantizedWeight:
     in_features: int
     out_features: int
     group_size: int = -1  # -1: per channel
+    act_dtype: str = "float32"  # the model's activation dtype (see above)
 
     def expert(self, index: int) -> QuantizedWeight:
         """Expert ``index``'s weight from one stacked over a leading expert axis."""
         return QuantizedWeight(self.method, self.qweight[index], self.scales[index],
-                               self.in_features, self.out_features, self.group_size)
+                               self.in_features, self.out_features, self.group_size, self.act_dtype)
 
 
 def reference_linear(x: Any, weight: Any, bias: Any | None = None) -> Any:

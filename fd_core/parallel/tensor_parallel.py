@@ -314,7 +314,8 @@ class _RowParallelOps:
         if quant.in_features == self._linear.in_features:  # first call: append the zero channels once
             zeros = paddle.zeros([quant.out_features, _W8A8_PAD], dtype=quant.qweight.dtype)
             quant = QuantizedWeight(quant.method, paddle.concat([quant.qweight, zeros], axis=1), quant.scales,
-                                    quant.in_features + _W8A8_PAD, quant.out_features, quant.group_size)
+                                    quant.in_features + _W8A8_PAD, quant.out_features, quant.group_size,
+                                    quant.act_dtype)
             self._linear.weight.data = quant
         amax = paddle.abs(x.astype("float32")).max(axis=-1, keepdim=True)  # [T, 1]
         amax = self._tp._communicator().all_gather(amax, axis=-1).max(axis=-1, keepdim=True)

@@ -46,6 +46,7 @@ class QuantizedParam(Param):
         self.group_size = group_size
         self.used_group_size = group_size  # after wint4's per-layer fallback
         self.name = name
+        self.act_dtype = "float32"  # the model's activation dtype (the loader's --dtype): QuantizedWeight's
         self.in_features, self.out_features = self.shape[-2:]
         self.num_matrices = self.shape[0] if len(self.shape) == 3 else 1
         if method == "wint4" and self.in_features % 2:
@@ -114,7 +115,7 @@ class QuantizedParam(Param):
         if len(self.shape) == 2:
             qweight, scales = qweight[0], scales[0]
         self.data = QuantizedWeight(self.method, paddle.to_tensor(qweight), paddle.to_tensor(scales),
-                                    self.in_features, self.out_features, self.used_group_size)
+                                    self.in_features, self.out_features, self.used_group_size, self.act_dtype)
         self._qweight = self._scales = None
 
     def set(self, tensor: Any) -> None:

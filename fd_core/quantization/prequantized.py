@@ -130,6 +130,7 @@ class PrequantizedParam(Param):
         self.method = method
         self.group_size = 64 if method == "wint2" else -1
         self.name = name
+        self.act_dtype = "float32"  # the model's activation dtype (the loader's --dtype): QuantizedWeight's
         self.in_features, self.out_features = self.shape[-2:]
         self.num_matrices = self.shape[0] if len(self.shape) == 3 else 1
         self.parts = part_shapes(method, self.in_features, self.out_features)
@@ -179,7 +180,7 @@ class PrequantizedParam(Param):
         if len(self.shape) == 2:
             qweight, scales = qweight[0], scales[0]
         self.data = QuantizedWeight(self.method, paddle.to_tensor(qweight), paddle.to_tensor(scales),
-                                    self.in_features, self.out_features, self.group_size)
+                                    self.in_features, self.out_features, self.group_size, self.act_dtype)
 
     def __repr__(self) -> str:
         return f"PrequantizedParam({list(self.shape)}, {self.method})"

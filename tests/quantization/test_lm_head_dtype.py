@@ -49,3 +49,21 @@ def test_lm_head_fp32_makes_a_tied_head_an_fp32_copy(cpu_backend, checkpoint_fac
     head, table = model.lm_head.weight.data, model.embed_tokens.data
     assert model.config.tie_word_embeddings and head.dtype == paddle.float32 and table.dtype == paddle.bfloat16
     np.testing.assert_array_equal(head.numpy(), table.astype("float32").numpy().T)
+
+
+def test_quantized_weights_record_the_models_activation_dtype(cpu_backend, checkpoint_factory):
+    """``QuantizedWeight.act_dtype`` is ``--dtype`` (a backend may round activations to it at the
+    linear); the weights themselves stay codes and fp32 scales."""
+    model_dir = _untied(checkpoint_factory)
+    quant = parse_quantization(
+        '{"quantization": "mix_quant", "dense_quant_type": "wint4", "moe_quant_type": "wint4", '
+        '"lm_head_quant_type": "wint8"}')
+    for dtype in ("bfloat16", "float32", "float16"):
+        model = load_model(model_dir, cpu_backend.ops, quantization=quant, dtype=dtype)
+        qkv, head = model.layers[0].self_attn.qkv_proj.quant, model.lm_head.quant
+        assert (qkv.method, qkv.act_dtype, head.method, head.act_dtype) == ("wint4", dtype, "wint8", dtype)
+        assert qkv.scales.dtype == paddle.float32
+    from fd_core.ops.linear import QuantizedWeight
+
+    stacked = QuantizedWeight("wint4", paddle.zeros([2, 4, 8], "uint8"), paddle.ones([2, 4, 1]), 16, 4, -1, "bfloat16")
+    assert stacked.expert(1).act_dtype == "bfloat16"  # an expert's slice keeps it

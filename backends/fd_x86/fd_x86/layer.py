@@ -95,7 +95,9 @@ from fd_x86.linear import (
     _has_vnni,
     _packed,
     _use_packed,
+    int4_bf16_enabled,
     prefill_int8_enabled,
+    wint4_packed_method,
     wint4_words,
 )
 from fd_x86.moe import int8_act_rows, layer_enabled, layer_in_run
@@ -206,8 +208,9 @@ def _packed_linear(quant: Any, mode: int) -> tuple[list[Any], int, int, int] | N
     """One linear as the op takes it: its (weight, scales) tensors, kernel
     code, output width and wint4 group; None when it has no kernel here.
     The kernel is the one ``fd_linear`` runs for the same rows (``mode``:
-    ``_rows_mode``), so a row's result does not depend on whether the linear
-    ran in a run."""
+    ``_rows_mode``) and activations (wint4 in a bf16 model takes them as bf16:
+    ``fd_x86.linear.wint4_packed_method``), so a row's result does not depend
+    on whether the linear ran in a run."""
     if not isinstance(quant, QuantizedWeight):
         # an unquantized 16-bit weight, read in place by fd_x86.dense16's kernel
         code = DENSE16.get(str(getattr(quant, "dtype", "")))
@@ -249,7 +252,10 @@ def _packed_linear(quant: Any, mode: int) -> tuple[list[Any], int, int, int] | N
     packed = _packed(quant)
     if packed is None:
         return None
-    return list(packed), _PACKED_METHOD[quant.method], int(quant.out_features), group
+    method = _PACKED_METHOD[quant.method]
+    if quant.method == "wint4":
+        method = wint4_packed_method(int(quant.in_features), group, quant.act_dtype == "bfloat16")
+    return list(packed), method, int(quant.out_features), group
 
 
 def _packed_linears(layer: Any, mode: int) -> tuple[list[Any], list[int], list[int], list[int]] | None:
@@ -269,9 +275,9 @@ def _packed_linears(layer: Any, mode: int) -> tuple[list[Any], list[int], list[i
     return weights, methods, widths, groups
 
 
-def _switches() -> tuple[bool, bool]:
-    """The environment switches a run's build reads (FD_X86_REPACK, FD_X86_DENSE16)."""
-    return _use_packed("auto"), dense16_enabled()
+def _switches() -> tuple[bool, bool, bool]:
+    """The environment switches a run's build reads (FD_X86_REPACK, FD_X86_DENSE16, FD_X86_INT4_BF16)."""
+    return _use_packed("auto"), dense16_enabled(), int4_bf16_enabled()
 
 
 @functools.lru_cache(maxsize=1)
@@ -399,7 +405,7 @@ def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], mode
                 vals.append(w._inplace_version())
             else:
                 objs += (w, q, w.scales)
-                vals += (w.method, w.group_size, q._inplace_version(), w.scales._inplace_version())
+                vals += (w.method, w.group_size, w.act_dtype, q._inplace_version(), w.scales._inplace_version())
         moe = layer.moe
         if moe is None:
             vals.append(None)
@@ -418,7 +424,7 @@ def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], mode
         objs += (head.norm, w) if q is None else (head.norm, q, w.scales, w)
         vals += (head.eps, head.norm._inplace_version(),
                  *((w._inplace_version(),) if q is None
-                   else (w.method, w.group_size, q._inplace_version(), w.scales._inplace_version())))
+                   else (w.method, w.group_size, w.act_dtype, q._inplace_version(), w.scales._inplace_version())))
     return objs, vals
 
 

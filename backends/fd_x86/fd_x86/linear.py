@@ -30,6 +30,20 @@ activations, so a token's result then depends on the size of the step it
 ran in: chunked prefill or preemption may change outputs, which the default
 path guarantees they do not. Read on each call (A/B comparisons in one
 process).
+
+wint4 on bf16 activations: where the activations reaching a wint4 linear
+are bf16 (``x`` is, or its model's are: ``QuantizedWeight.act_dtype``, set by
+the loader from ``--dtype bfloat16``, FastDeploy's numerics and ``x86``'s
+default for bf16 checkpoints; x86's own ops keep activations in fp32 between
+calls), on a CPU with avx512_bf16 and the packed word layout, the call runs
+``csrc/kernels_int4_bf16.cc``: the codes (exact in bf16) times the
+activations as bf16 on ``vdpbf16ps``, each group's products summed in fp32.
+The activations are the reference's operands already, so only the fp32
+summation order differs from it; the kernel does about half the fp32
+kernel's instructions per weight (1.4-1.9x at 1-512 rows on Zen 4). It runs at
+every row count, so a token's result does not depend on its step's size.
+``FD_X86_INT4_BF16=0`` keeps the fp32 kernel (A/B comparisons; read on each
+call).
 """
 
 from __future__ import annotations
@@ -45,8 +59,8 @@ from fd_core.ops.content_key import tensor_key
 from fd_x86.build import load_ops
 from fd_x86.memory import host_tensor
 
-__all__ = ["ISAS", "METHODS", "PREFILL_INT8_MIN_ROWS", "pack_weight", "prefill_int8_enabled", "quantized_linear",
-           "wint4_words"]
+__all__ = ["ISAS", "METHODS", "PREFILL_INT8_MIN_ROWS", "bf16_activations", "int4_bf16_enabled", "pack_weight", "prefill_int8_enabled",
+           "quantized_linear", "wint4_packed_method", "wint4_words"]
 
 METHODS = ("wint8", "wint4", "w8a8")
 ISAS = {"auto": 0, "avx2": 1, "avx512": 2}  # the op's ``isa`` attribute
@@ -59,12 +73,40 @@ WINT8_PACKED_MAX_ROWS = 7
 # FD_X86_PREFILL_INT8_ACT: calls with at least this many rows take int8 activations
 PREFILL_INT8_MIN_ROWS = 32
 _INT8_ACT_METHOD = {"wint8": 7, "wint4": 6}  # fd_x86_packed_linear's codes (csrc/packed_linear.h)
+WINT4_BF16_METHOD = 9  # its code for packed wint4 words on bf16 activations (kWint4Bf16Act)
 
 
 def prefill_int8_enabled() -> bool:
     """``FD_X86_PREFILL_INT8_ACT=1``: the opt-in int8-activation prefill
     path (module doc). Read on each call."""
     return os.environ.get("FD_X86_PREFILL_INT8_ACT") == "1"
+
+
+def int4_bf16_enabled() -> bool:
+    """The bf16-activation wint4 kernel may run (module doc): the CPU has avx512_bf16
+    and ``FD_X86_INT4_BF16`` is not "0" (read on each call)."""
+    return os.environ.get("FD_X86_INT4_BF16") != "0" and _has_bf16_dot()
+
+
+@functools.lru_cache(maxsize=1)
+def _has_bf16_dot() -> bool:
+    from fd_x86.cpu import AVX512_BF16_FLAG, cpu_features
+
+    return cpu_features().has(AVX512_BF16_FLAG)
+
+
+def bf16_activations(x: Any, quant: Any) -> bool:
+    """Whether ``quant`` meets bf16 activations: ``x`` is bf16, or its model's are
+    (``QuantizedWeight.act_dtype``; x86's own ops keep them fp32 between calls)."""
+    return str(x.dtype) == "paddle.bfloat16" or getattr(quant, "act_dtype", "float32") == "bfloat16"
+
+
+def wint4_packed_method(in_features: int, group_size: int, bf16_activations: bool) -> int:
+    """``fd_x86_packed_linear``'s code for a packed wint4 weight: the bf16-activation
+    kernel where the activations are bf16 and it runs here (module doc), else 1."""
+    if bf16_activations and wint4_words(in_features, group_size) and int4_bf16_enabled():
+        return WINT4_BF16_METHOD
+    return _PACKED_METHOD["wint4"]
 
 
 def wint4_words(k: int, group_size: int) -> bool:
@@ -182,7 +224,10 @@ def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None 
     use_packed = repack and _use_packed(isa) and (quant.method != "wint8" or x2.shape[0] <= WINT8_PACKED_MAX_ROWS)
     packed = _packed(quant) if use_packed else None
     if packed is not None:
-        out = ops.fd_x86_packed_linear(x2, packed[0], packed[1], _PACKED_METHOD[quant.method], d_out, group, nthreads)
+        method = _PACKED_METHOD[quant.method]
+        if quant.method == "wint4" and isa == "auto":
+            method = wint4_packed_method(quant.in_features, group, bf16_activations(x, quant))
+        out = ops.fd_x86_packed_linear(x2, packed[0], packed[1], method, d_out, group, nthreads)
     else:
         if quant.method == "wint8":
             out = ops.fd_x86_wint8_linear(x2, quant.qweight, quant.scales, ISAS[isa], nthreads)

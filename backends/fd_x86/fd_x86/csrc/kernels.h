@@ -30,6 +30,8 @@ struct LinearArgs {
   const float* xe = nullptr;
   const float* xo = nullptr;
   int64_t ldh = 0;
+  // wint4 on bf16 activations: pairs [M, K/2] from wint4_bf16_prepare_avx512
+  const uint32_t* xb = nullptr;
   const void* w = nullptr;        // qweight
   const float* scales = nullptr;  // [N] or [N, groups]
   int64_t groups = 1;
@@ -64,6 +66,17 @@ bool w8a8_packed_amx(const LinearArgs& a);
 // AVX-512 VNNI) and the OS granted this process the tile data state
 // (arch_prctl ARCH_REQ_XCOMP_PERM, Linux >= 5.16); asked once, cached.
 bool amx_available();
+
+// Packed wint4 words against bf16 activations (kernels_int4_bf16.cc; needs
+// avx512_bf16, dense16_has_bf16_dot(); K and the group size multiples of 8).
+// wint4_bf16_prepare_avx512 rounds x [M, K] to bf16 (RNE) into xb [M, K/2]
+// in the kernel's pair order; wint4_words_bf16_avx512 then computes
+// out = sum_g scale[n, g] * sum_{k in g} code[n, k] * bf16(x[m, k]), each
+// group's products exact and summed in fp32, the groups in ascending order
+// (a.xb = xb; a.x unused). vdpbf16ps reads denormals as zero: an activation
+// under 2^-126 in magnitude counts as 0.
+void wint4_bf16_prepare_avx512(const float* x, int64_t M, int64_t K, uint32_t* xb, int threads);
+void wint4_words_bf16_avx512(const LinearArgs& a);
 
 void wint8_avx2(const LinearArgs& a);
 void wint4_avx2(const LinearArgs& a);

@@ -7,6 +7,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,bmi,bmi2")
 
 #include "tiling.h"
+#include "packed_drive.h"
 
 namespace {
 
@@ -47,7 +48,6 @@ inline void reduce_store(const __m512 (&acc)[MB][NB], float (&sums)[MB][NB]) {
   }
 }
 
-inline __mmask16 mask16(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
 inline __mmask64 mask64(int64_t n) { return n >= 64 ? ~0ULL : ((1ULL << n) - 1ULL); }
 
 // ------------------------------------------------------------------ wint8
@@ -206,66 +206,13 @@ struct W8A8 {
 //          where K and the group size are multiples of 8, uint32 words
 //          [N16][K/8][16] of 8 codes each instead (Wint4Words)
 //   w8a8:  uint8 [N16][K4][16][4] = w ^ 0x80  (K padded to 4 with w = 0)
-// Work items: kBlocks blocks (32 channels); register tiles MB rows x NB blocks.
-
-// Software prefetch this many bytes ahead in each weight stream: at a few
-// rows the kernels convert weights about as fast as DRAM delivers them, and
-// the hardware prefetcher alone left ~20% of the bandwidth unused (measured
-// on Zen 4 at 1 row: 18.7 -> 15.0 ms for 361 MB of wint8 weights).
-constexpr int64_t kPrefetchAhead = 1024;
-
-inline void prefetch_ahead(const void* p) {
-  _mm_prefetch(static_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T0);
-}
+// Work items: kBlocks blocks (32 channels); register tiles MB rows x NB blocks
+// (packed_drive.h).
 
 inline int32_t load_i32(const void* p) {
   int32_t v;
   __builtin_memcpy(&v, p, 4);
   return v;
-}
-
-template <class Kern, int NB, int R>
-inline void packed_rows_tail(const LinearArgs& a, int64_t m, int64_t rest, int64_t nb0) {
-  if constexpr (R > 0) {
-    if (rest == R) Kern::template tile<R, NB>(a, m, nb0);
-    else packed_rows_tail<Kern, NB, R - 1>(a, m, rest, nb0);
-  }
-}
-
-template <class Kern, int NB>
-inline void packed_rows(const LinearArgs& a, int64_t m0, int64_t m1, int64_t nb0) {
-  int64_t m = m0;
-  for (; m + Kern::kMaxRows <= m1; m += Kern::kMaxRows) Kern::template tile<Kern::kMaxRows, NB>(a, m, nb0);
-  if (m < m1) packed_rows_tail<Kern, NB, Kern::kMaxRows - 1>(a, m, m1 - m, nb0);
-}
-
-template <class Kern, int NB>
-inline void packed_blocks(const LinearArgs& a, int64_t m0, int64_t m1, int64_t nb0, int64_t nb) {
-  if constexpr (NB > 0) {
-    if (nb == NB) packed_rows<Kern, NB>(a, m0, m1, nb0);
-    else packed_blocks<Kern, NB - 1>(a, m0, m1, nb0, nb);
-  }
-}
-
-// Work items of Kern::kBlocks 16-channel blocks, over the threads
-template <class Kern>
-void drive_packed(const LinearArgs& a) {
-  constexpr int64_t kBlocks = Kern::kBlocks;
-  const int64_t blocks = (a.N + 15) / 16;
-  const int64_t chunks = (blocks + kBlocks - 1) / kBlocks;
-  const bool parallel = a.threads > 1 && chunks > 1 && a.M * a.N * a.K >= kMinParallelMacs;
-#pragma omp parallel for schedule(static) num_threads(a.threads) if (parallel)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t nb0 = c * kBlocks, nb = min64(kBlocks, blocks - nb0);
-    for (int64_t m0 = 0; m0 < a.M; m0 += kRowChunk)
-      packed_blocks<Kern, Kern::kBlocks>(a, m0, min64(m0 + kRowChunk, a.M), nb0, nb);
-  }
-}
-
-// y[m + i, 16 (nb0 + j) ...] = v, masked at N
-inline void store16(const LinearArgs& a, int64_t row, int64_t block, __m512 v) {
-  const int64_t n = block * 16;
-  _mm512_mask_storeu_ps(a.out + row * a.N + n, mask16(a.N - n), v);
 }
 
 struct Wint8Packed {

@@ -28,6 +28,10 @@ constexpr int kWint4Int8Act = 6, kWint8Int8Act = 7;
 // 8 = a block_wise_fp8 weight read in place: uint8 e4m3 codes [N, K], scales
 // fp32 [ceil(N/128), ceil(K/128)] (fp8_kernels.h's block_fp8_linear_f32).
 constexpr int kBlockFp8Method = 8;
+// 9 = packed wint4 words (method 1's weight, word layout only) against the
+// activations rounded to bf16 (wint4_words_bf16_avx512; avx512_bf16): for a
+// model whose activations are bf16 (fd_x86.linear, FD_X86_INT4_BF16).
+constexpr int kWint4Bf16Act = 9;
 LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t K, const paddle::Tensor& packed,
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads);
 

@@ -98,7 +98,7 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads) {
   PD_CHECK(packed.is_cpu() && scales.is_cpu(), op, ": the packed weight and scales must be on the CPU");
   PD_CHECK(packed.is_contiguous() && scales.is_contiguous(), op, ": packed and scales must be contiguous");
-  PD_CHECK(method >= 0 && method <= kBlockFp8Method, op, ": method must be 0 to ", kBlockFp8Method, ", got ", method);
+  PD_CHECK(method >= 0 && method <= kWint4Bf16Act, op, ": method must be 0 to ", kWint4Bf16Act, ", got ", method);
   LinearArgs a;
   a.M = M;
   a.K = K;
@@ -132,13 +132,14 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
   a.scales = scales.data<float>();
   const int64_t n16 = round_up(a.N, 16);
   int64_t want = round_up(a.N, 32) * a.K;  // wint8: [N32][K][32]
-  if (method == 1 || method == kWint4Int8Act) {
+  if (method == kWint4Bf16Act) PD_CHECK(dense16_has_bf16_dot(), op, ": method ", kWint4Bf16Act, " needs avx512_bf16");
+  if (method == 1 || method == kWint4Int8Act || method == kWint4Bf16Act) {
     PD_CHECK(a.K % 2 == 0, op, ": wint4 needs an even K");
     a.group_size = group_size <= 0 ? a.K : group_size;
     PD_CHECK(a.group_size % 2 == 0, op, ": group_size must be even, got ", group_size);
     a.groups = (a.K + a.group_size - 1) / a.group_size;
     want = n16 * a.K / 2;
-    PD_CHECK(method == 1 || (a.K % 8 == 0 && a.group_size % 8 == 0), op, ": method ", kWint4Int8Act,
+    PD_CHECK(method == 1 || (a.K % 8 == 0 && a.group_size % 8 == 0), op, ": method ", method,
              " needs the word layout (K and group_size multiples of 8), got K = ", a.K, ", group_size = ",
              a.group_size);
     PD_CHECK(scales.numel() == n16 * a.groups, op, ": packed wint4 scales must have ", n16 * a.groups,
@@ -191,6 +192,11 @@ void run_packed_linear(LinearArgs a, int method) {
     a.xscale = xscale.data();
     a.xsum = gsum.data();
     wint4_words_vnni_avx512(a);
+  } else if (method == kWint4Bf16Act) {
+    std::vector<uint32_t> xb(a.M * a.K / 2);
+    wint4_bf16_prepare_avx512(a.x, a.M, a.K, xb.data(), a.threads);
+    a.xb = xb.data();
+    wint4_words_bf16_avx512(a);
   } else if (method == kWint8Int8Act) {
     a.ldq = round_up(a.K, 64);
     std::vector<int8_t> xq(a.M * a.ldq);

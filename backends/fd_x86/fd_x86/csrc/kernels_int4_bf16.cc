@@ -1,0 +1,133 @@
+// AVX-512 BF16 kernels: packed wint4 words against bf16 activations
+// (vdpbf16ps). Compiled for that ISA by the pragma below and only called
+// after the CPU was seen to have avx512_bf16 (dense16_has_bf16_dot).
+//
+// For a model whose activations are bf16 (`--dtype bfloat16`, FastDeploy's
+// numerics): an int4 code is exact in bf16, so vdpbf16ps multiplies the
+// reference's operands exactly and sums them in fp32, 32 products per
+// instruction against the fp32 kernel's 16 per FMA, and a code becomes bf16
+// in one vpermw instead of a vpermps per 16 (Wint4Words).
+#include <immintrin.h>
+
+#include <cstdint>
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
+
+#include "packed_drive.h"
+#include "tiling.h"
+
+namespace {
+
+using fdx86::LinearArgs;
+
+// bf16(v) of the signed 4-bit code in an index's low 4 bits (vpermw reads 5)
+inline __m512i code_table() {
+  alignas(64) uint16_t tab[32];
+  for (int i = 0; i < 32; ++i) {
+    const int c = i & 15;
+    const float v = static_cast<float>(c < 8 ? c : c - 16);
+    uint32_t u;
+    __builtin_memcpy(&u, &v, 4);
+    tab[i] = static_cast<uint16_t>(u >> 16);  // small integers: exact, no rounding
+  }
+  return _mm512_load_si512(tab);
+}
+
+// The word layout (Wint4Words): word (kb, c) holds channel c's codes of inputs
+// 8kb .. 8kb+7, input 8kb+t in bits 4t..4t+3. Shifted right by 4t, a word's
+// 16-bit halves hold the codes of inputs 8kb+t (low) and 8kb+t+4 (high) in
+// their low 4 bits: one vpermw makes the bf16 pair vdpbf16ps multiplies with
+// the activation pair (x[8kb+t], x[8kb+t+4]) (wint4_bf16_prepare_avx512's
+// order). Per group, the products summed in fp32 (two chains at 1-2 rows),
+// then scaled into fp32 accumulators in group order, as Wint4Words.
+template <int Blocks, int MaxRows>
+struct Wint4WordsBf16 {
+  static constexpr int kMaxRows = MaxRows;
+  static constexpr int kBlocks = Blocks;
+
+  template <int MB, int NB>
+  static inline void tile(const LinearArgs& a, int64_t m, int64_t nb0) {
+    constexpr int H = MB <= 2 ? 2 : 1;
+    const int64_t K8 = a.K / 8, K2 = a.K / 2, gw = a.group_size / 8, G = a.groups;
+    const uint32_t* w = static_cast<const uint32_t*>(a.w) + nb0 * K8 * 16;
+    const float* sp = a.scales + nb0 * G * 16;
+    const uint32_t* xb = a.xb + m * K2;
+    const __m512i table = code_table();
+    __m512 acc[MB][NB];
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t kb1 = min64((g + 1) * gw, K8);
+      __m512 gacc[H][MB][NB];
+#pragma GCC unroll 2
+      for (int h = 0; h < H; ++h)
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) gacc[h][i][j] = _mm512_setzero_ps();
+      for (int64_t kb = g * gw; kb < kb1; ++kb) {
+        __m512i v[NB];
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          prefetch_ahead(w + (j * K8 + kb) * 16);
+          v[j] = _mm512_loadu_si512(w + (j * K8 + kb) * 16);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) {
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) {
+            const __m512bh wb = (__m512bh)_mm512_permutexvar_epi16(v[j], table);
+            if (t < 3) v[j] = _mm512_srli_epi32(v[j], 4);
+#pragma GCC unroll 8
+            for (int i = 0; i < MB; ++i) {
+              __m512& s = gacc[H == 2 ? (t & 1) : 0][i][j];
+              s = _mm512_dpbf16_ps(s, wb, (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[i * K2 + kb * 4 + t])));
+            }
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        const __m512 sc = _mm512_loadu_ps(sp + (j * G + g) * 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) {
+          const __m512 sum = H == 2 ? _mm512_add_ps(gacc[0][i][j], gacc[H - 1][i][j]) : gacc[0][i][j];
+          acc[i][j] = _mm512_fmadd_ps(sum, sc, acc[i][j]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j)
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) store16(a, m + i, nb0 + j, acc[i][j]);
+  }
+};
+
+}  // namespace
+
+namespace fdx86 {
+
+void wint4_bf16_prepare_avx512(const float* x, int64_t M, int64_t K, uint32_t* xb, int threads) {
+  // within each 8 inputs: words x0 x4 x1 x5 x2 x6 x3 x7 (dword t = x[t] | x[t + 4] << 16)
+  const __m256i order = _mm256_setr_epi16(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+  const int64_t K2 = K / 2;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && M * K >= (1 << 16))
+  for (int64_t m = 0; m < M; ++m) {
+    const float* r = x + m * K;
+    uint32_t* o = xb + m * K2;
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mk = mask16(K - k);  // K % 8 == 0: 8 or 16 inputs
+      const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, r + k));  // RNE
+      _mm256_mask_storeu_epi32(o + k / 2, (__mmask8)(mk == 0xFFFF ? 0xFF : 0x0F), _mm256_permutexvar_epi16(order, h));
+    }
+  }
+}
+
+void wint4_words_bf16_avx512(const LinearArgs& a) {
+  if (a.M <= 3) drive_packed<Wint4WordsBf16<4, 3>>(a);  // decode: more chains per row
+  else drive_packed<Wint4WordsBf16<2, 6>>(a);
+}
+
+}  // namespace fdx86

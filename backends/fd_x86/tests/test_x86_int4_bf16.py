@@ -1,0 +1,198 @@
+"""wint4 on bf16 activations (``csrc/kernels_int4_bf16.cc``, ``fd_x86_packed_linear`` method 9):
+the int4 codes against the activations rounded to bf16 on ``vdpbf16ps``, for a model whose
+activations are bf16 (``QuantizedWeight.act_dtype``). Each group's products are exact (an
+int4 code and a bf16 value multiply exactly in fp32), so the kernel must equal the float64
+dot products of the bf16-rounded activations to fp32 summation error; ``quantized_linear``
+and the fused run pick it by the weight's activation dtype."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+from fd_x86.cpu import AVX512_BF16_FLAG, AVX512_VNNI_FLAGS, cpu_features
+
+from fd_core.layers.param import _fp32_to_bf16
+from fd_core.ops.linear import QuantizedWeight
+
+paddle = pytest.importorskip("paddle")
+pytestmark = [
+    pytest.mark.skipif(not cpu_features().has(*AVX512_VNNI_FLAGS, AVX512_BF16_FLAG),
+                       reason="no AVX-512 VNNI + BF16 on this CPU"),
+    pytest.mark.usefixtures("fused_switches_unset"),
+]
+BF16_METHOD, FP32_METHOD = 9, 1
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to bf16 (nearest even) as fp32."""
+    return (_fp32_to_bf16(x).astype(np.uint32) << 16).view(np.float32)
+
+
+def _weight(rng: np.random.Generator, n: int, k: int, group: int, act_dtype: str = "bfloat16",
+            scales: np.ndarray | None = None) -> tuple[QuantizedWeight, np.ndarray]:
+    """A random wint4 weight and its dequantized values ``[n, k]`` in float64."""
+    codes = rng.integers(-8, 8, (n, k))
+    nib = codes.astype(np.uint8) & np.uint8(0x0F)
+    q4 = np.ascontiguousarray(nib[:, 0::2] | (nib[:, 1::2] << np.uint8(4)))
+    per = k if group == -1 else group
+    if scales is None:  # a last group may be short (K = 136, group 64)
+        scales = (rng.random((n, -(-k // per))) * 0.02 + 0.001).astype(np.float32)
+    quant = QuantizedWeight("wint4", paddle.to_tensor(q4), paddle.to_tensor(scales), k, n, group, act_dtype)
+    return quant, codes * np.repeat(scales.astype(np.float64), per, axis=1)[:, :k]
+
+
+def _run(x: np.ndarray, quant: QuantizedWeight, method: int, threads: int = 2) -> np.ndarray:
+    from fd_x86.build import load_ops
+    from fd_x86.linear import _packed
+
+    packed = _packed(quant)
+    assert packed is not None
+    return load_ops().fd_x86_packed_linear(paddle.to_tensor(x), packed[0], packed[1], method, quant.out_features,
+                                           quant.group_size, threads).numpy()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("group", [8, 64, -1])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 6, 7, 13, 70])
+def test_the_kernel_is_the_bf16_activations_dot_product(rows: int, group: int, threads: int) -> None:
+    rng = np.random.default_rng(rows * 97 + group + threads)
+    n, k = 37, 136  # an N tail (3 blocks, the last short) and K % 16 == 8 (a half block of activations)
+    quant, deq = _weight(rng, n, k, group)
+    x = rng.normal(0, 1, (rows, k)).astype(np.float32) * np.float32(3.0)
+    got = _run(x, quant, BF16_METHOD, threads)
+    xb = _bf16(x).astype(np.float64)
+    want, size = xb @ deq.T, np.abs(xb) @ np.abs(deq).T
+    assert got.shape == (rows, n)
+    assert np.all(np.abs(got - want) <= 1e-6 * size + 1e-30), np.abs(got - want).max()
+    # the fp32 kernel differs by the activations' rounding, by far more than that
+    assert np.abs(_run(x, quant, FP32_METHOD, threads) - want).max() > 100 * np.abs(got - want).max()
+
+
+def test_the_activations_round_to_nearest_even() -> None:
+    """One channel with one code 1 at scale 1: the output is the activation as the kernel rounded it.
+    A denormal activation counts as zero (``vdpbf16ps`` reads its inputs denormals-are-zero)."""
+    k = 16
+    codes = np.zeros((1, k), np.int64)
+    codes[0, 5] = 1
+    nib = codes.astype(np.uint8) & np.uint8(0x0F)
+    q4 = np.ascontiguousarray(nib[:, 0::2] | (nib[:, 1::2] << np.uint8(4)))
+    quant = QuantizedWeight("wint4", paddle.to_tensor(q4), paddle.ones([1, 1]), k, 1, -1, "bfloat16")
+    ulp = 2.0**-7  # bf16's spacing at [1, 2)
+    values = [1 + ulp / 2, 1 + 3 * ulp / 2, 1 + ulp / 2 + 2**-20, -(1 + ulp / 2), 3.0e-39, 1.0e30]
+    x = np.zeros((len(values), k), np.float32)
+    x[:, 5] = values
+    got = _run(x, quant, BF16_METHOD)[:, 0]
+    np.testing.assert_array_equal(got[:4], np.float32([1.0, 1 + 2 * ulp, 1 + ulp, -1.0]))
+    want = _bf16(x[:, 5])
+    want[4] = 0.0
+    np.testing.assert_array_equal(got, want)
+
+
+def test_integer_activations_give_the_fp32_kernels_bits() -> None:
+    """Small integers and power-of-two scales are exact either way: method 9 equals method 1."""
+    rng = np.random.default_rng(3)
+    n, k, group = 40, 64, 16
+    scales = np.ldexp(np.ones((n, k // group), np.float32), rng.integers(-3, 3, (n, k // group))).astype(np.float32)
+    quant, _ = _weight(rng, n, k, group, scales=scales)
+    x = rng.integers(-16, 17, (5, k)).astype(np.float32)
+    np.testing.assert_array_equal(_run(x, quant, BF16_METHOD), _run(x, quant, FP32_METHOD))
+
+
+def test_quantized_linear_takes_it_for_bf16_activations(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fd_x86.linear import quantized_linear
+
+    rng = np.random.default_rng(4)
+    quant, _ = _weight(rng, 48, 128, 64)
+    fp32_model, _ = _weight(np.random.default_rng(4), 48, 128, 64, act_dtype="float32")
+    x = rng.normal(0, 1, (3, 128)).astype(np.float32)
+    bf16_out, fp32_out = _run(x, quant, BF16_METHOD), _run(x, quant, FP32_METHOD)
+    # the model's activations are bf16 (act_dtype) though x86 hands fp32 between its ops
+    np.testing.assert_array_equal(quantized_linear(paddle.to_tensor(x), quant).numpy(), bf16_out)
+    np.testing.assert_array_equal(quantized_linear(paddle.to_tensor(x), fp32_model).numpy(), fp32_out)
+    # a bf16 x: rounding it again changes nothing; the result comes back in x's dtype
+    xb = paddle.to_tensor(x).astype("bfloat16")
+    got = quantized_linear(xb, fp32_model)
+    assert got.dtype == paddle.bfloat16
+    np.testing.assert_array_equal(got.astype("float32").numpy(), paddle.to_tensor(bf16_out).astype("bfloat16")
+                                  .astype("float32").numpy())
+    monkeypatch.setenv("FD_X86_INT4_BF16", "0")  # the switch: the fp32 kernel
+    np.testing.assert_array_equal(quantized_linear(paddle.to_tensor(x), quant).numpy(), fp32_out)
+
+
+def test_a_byte_layout_weight_is_refused_by_name() -> None:
+    """K not a multiple of 8: no word layout, so no bf16 kernel (and quantized_linear keeps method 1)."""
+    from fd_x86.linear import quantized_linear, wint4_packed_method
+
+    rng = np.random.default_rng(5)
+    quant, deq = _weight(rng, 16, 12, -1)
+    x = rng.normal(0, 1, (2, 12)).astype(np.float32)
+    with pytest.raises(Exception, match="method 9 needs the word layout"):
+        _run(x, quant, BF16_METHOD)
+    assert wint4_packed_method(12, -1, True) == FP32_METHOD
+    np.testing.assert_allclose(quantized_linear(paddle.to_tensor(x), quant).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------ the fused run
+
+
+def _layer(act_dtype: str) -> Any:
+    from fd_core.ops.decoder import DecoderLayerWeights
+    from fd_core.quantization import quantize_weight
+
+    hidden, inter, heads, kv_heads, head_dim = 128, 256, 2, 1, 64
+    rng = np.random.default_rng(zlib.crc32(act_dtype.encode()))
+
+    def weight(d_in: int, d_out: int) -> Any:
+        q = quantize_weight("wint4", (rng.normal(0, 1, (d_in, d_out)) / np.sqrt(d_in)).astype(np.float32), 64)
+        q.act_dtype = act_dtype
+        return q
+
+    return DecoderLayerWeights(
+        input_norm=paddle.to_tensor(rng.normal(1, 0.1, hidden).astype(np.float32)),
+        post_norm=paddle.to_tensor(rng.normal(1, 0.1, hidden).astype(np.float32)), eps=1e-6,
+        qkv=weight(hidden, (heads + 2 * kv_heads) * head_dim), o=weight(heads * head_dim, hidden),
+        up_gate=weight(hidden, 2 * inter), down=weight(inter, hidden),
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, scale=head_dim**-0.5, interleaved_rope=True)
+
+
+@pytest.mark.parametrize("act_dtype,method", [("bfloat16", BF16_METHOD), ("float32", FP32_METHOD)])
+def test_the_fused_run_picks_the_kernel_fd_linear_picks(x86_ops: Any, act_dtype: str, method: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import fd_x86.layer as fused
+
+    from fd_core.ops.attention import AttentionMetadata
+    from fd_core.ops.decoder import compose_decoder_layer
+    from fd_core.ops.rope import rope_cos_sin
+
+    layer = _layer(act_dtype)
+    rng = np.random.default_rng(7)
+    batch, block, blocks = 3, 16, 12
+    seq_lens = [40, 17, 33]
+    tables = [[0, 1, 2], [3, 4], [5, 6, 7]]
+    cos_sin = rope_cos_sin(64, 256, 10000.0)
+    k0 = rng.normal(0, 1, (blocks * block, 1, 64)).astype(np.float32)
+    v0 = rng.normal(0, 1, (blocks * block, 1, 64)).astype(np.float32)
+    hidden = rng.normal(0, 1, (batch, 128)).astype(np.float32)
+
+    def run(compose: bool) -> tuple[np.ndarray, ...]:
+        meta = AttentionMetadata.build([1] * batch, seq_lens, tables, block, batch)
+        k, v = paddle.to_tensor(k0.copy()), paddle.to_tensor(v0.copy())
+        if compose:
+            out = compose_decoder_layer(x86_ops, layer, paddle.to_tensor(hidden), None, cos_sin, meta, k, v)
+        else:
+            out = fused.decoder_layers([layer], paddle.to_tensor(hidden), None, cos_sin, meta, [k], [v])
+            assert out is not None
+        return out[0].numpy(), out[1].numpy(), k.numpy(), v.numpy()
+
+    got, want = run(False), run(True)
+    runs = [entry[1] for _, models in fused._MODELS.items() for entry in models[1].runs.values()]
+    assert any(r is not None and r[6] == [method] * 4 for r in runs)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)
+    monkeypatch.setenv("FD_X86_INT4_BF16", "0")  # the switch is part of the run's key: a new run, method 1
+    run(False)
+    runs = [entry[1] for _, models in fused._MODELS.items() for entry in models[1].runs.values()]
+    assert any(r is not None and r[6] == [FP32_METHOD] * 4 for r in runs)
