@@ -63,6 +63,10 @@ def test_quantized_weights_record_the_models_activation_dtype(cpu_backend, check
         qkv, head = model.layers[0].self_attn.qkv_proj.quant, model.lm_head.quant
         assert (qkv.method, qkv.act_dtype, head.method, head.act_dtype) == ("wint4", dtype, "wint8", dtype)
         assert qkv.scales.dtype == paddle.float32
+    tied = checkpoint_factory("tiny-dense", "paddle", dtype="float32", tie_word_embeddings=True)
+    for dtype in ("bfloat16", "float32"):  # a head tied to the table is filled after loading, from it
+        model = load_model(tied, cpu_backend.ops, quantization=quant, dtype=dtype)
+        assert (model.lm_head.quant.method, model.lm_head.quant.act_dtype) == ("wint8", dtype)
     from fd_core.ops.linear import QuantizedWeight
 
     stacked = QuantizedWeight("wint4", paddle.zeros([2, 4, 8], "uint8"), paddle.ones([2, 4, 1]), 16, 4, -1, "bfloat16")

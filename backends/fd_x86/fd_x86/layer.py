@@ -418,7 +418,7 @@ def _signature(layers: list[Any], k_caches: list[Any], v_caches: list[Any], mode
             q = getattr(w, "qweight", None)
             if q is not None:
                 objs += (q, w.scales)
-                vals += (w.method, w.group_size)
+                vals += (w.method, w.group_size, w.act_dtype)
     if head is not None:  # last: the run's slot in _run_inputs is keyed by the last object
         w, q = head.weight, getattr(head.weight, "qweight", None)
         objs += (head.norm, w) if q is None else (head.norm, q, w.scales, w)

@@ -63,7 +63,7 @@ from fd_x86.build import load_ops
 from fd_x86.fp8 import METHOD as FP8
 from fd_x86.fp8 import available as fp8_available
 from fd_x86.fp8 import expert_block_fp8_linear
-from fd_x86.linear import METHODS, PREFILL_INT8_MIN_ROWS, prefill_int8_enabled, quantized_linear
+from fd_x86.linear import METHODS, PREFILL_INT8_MIN_ROWS, int4_bf16_enabled, prefill_int8_enabled, quantized_linear
 from fd_x86.memory import advise_huge_pages
 from fd_x86.offline import METHOD_CODE as _OFFLINE_CODE
 from fd_x86.offline import W4A8_CODE, w4a8_experts_run
@@ -73,6 +73,7 @@ __all__ = ["int8_act_rows", "layer_enabled", "layer_in_run", "moe_experts", "moe
            "select_experts"]
 
 _METHOD_CODE = {"wint8": 0, "wint4": 1, "w8a8": 2, **_OFFLINE_CODE, "w4a8": W4A8_CODE}  # the ops' ``method``
+WINT4_BF16_CODE = 6  # the ops' code for wint4 on bf16 activations (offline_op.h's kMoeWint4Bf16)
 _NO_BIAS: list[Any] = []  # a 1-element fp32 tensor standing in for a missing correction bias
 _LAYER_KEY = "x86.moe_layer"  # in the stacked up_gate weight's backend_cache
 
@@ -204,7 +205,8 @@ def _entry(gate: Any, correction_bias: Any, quant: Any, shared_up_gate: Any, sha
     entry = cache.get(_LAYER_KEY) if cache is not None else None
     # every object the entry holds or reads (a QuantizedWeight's tensors may be reassigned in place)
     objs = (gate, correction_bias, quant[1], shared_up_gate, shared_down, up_q.qweight, up_q.scales,
-            quant[1].qweight, quant[1].scales, *_tensors(shared_up_gate), *_tensors(shared_down))
+            quant[1].qweight, quant[1].scales, *_tensors(shared_up_gate), *_tensors(shared_down),
+            int4_bf16_enabled())  # the switch the method codes read (a bool: compared by identity)
     if entry is None or len(entry[0]) != len(objs) or not all(map(_same, entry[0], objs)):
         entry = _layer_entry(up_q, objs, quant, shared_up_gate, shared_down)
     return entry[1], entry[2]
@@ -248,8 +250,8 @@ def _layer_entry(up_q: Any, objs: tuple[Any, ...], quant: Any, shared_up_gate: A
         if os.environ.get("FD_X86_EXPERT_HUGEPAGES") != "0":  # =0: 4 KiB pages (A/B comparisons)
             for weight in (up_q.qweight, down_q.qweight):  # the experts stream from memory: 2 MiB pages
                 advise_huge_pages(weight)
-        attrs = (_METHOD_CODE[up_q.method], _group(up_q), _group(down_q), has_shared,
-                 _METHOD_CODE[shared_up_gate.method] if has_shared else 0,
+        attrs = (_code(up_q), _group(up_q), _group(down_q), has_shared,
+                 _code(shared_up_gate) if has_shared else 0,
                  _group(shared_up_gate) if has_shared else -1, _group(shared_down) if has_shared else -1, 0)
     entry = (objs, tensors, attrs)
     cache = getattr(up_q, "backend_cache", None)
@@ -300,15 +302,25 @@ def _native_experts(x: Any, topk_weights: Any, topk_ids: Any, up_q: Any, down_q:
     if shared is None:
         return ops.fd_x86_moe_experts(
             x, topk_ids, topk_weights, up_q.qweight, up_q.scales, down_q.qweight, down_q.scales,
-            _METHOD_CODE[up_q.method], _group(up_q), _group(down_q), 0, num_threads(),
+            _code(up_q), _group(up_q), _group(down_q), 0, num_threads(),
         )
     s_up, s_down = shared
     return ops.fd_x86_moe_experts_shared(
         x, topk_ids, topk_weights, up_q.qweight, up_q.scales, down_q.qweight, down_q.scales,
         s_up.qweight, s_up.scales, s_down.qweight, s_down.scales,
-        _METHOD_CODE[up_q.method], _group(up_q), _group(down_q), _METHOD_CODE[s_up.method], _group(s_up),
+        _code(up_q), _group(up_q), _group(down_q), _code(s_up), _group(s_up),
         _group(s_down), 0, num_threads(),
     )
+
+
+def _code(quant: Any) -> int:
+    """The ops' ``method`` code for ``quant``: wint4 whose model's activations are bf16
+    (``QuantizedWeight.act_dtype``) takes ``WINT4_BF16_CODE`` where that kernel may run
+    (``fd_x86.linear.int4_bf16_enabled``; the op falls back to wint4's kernels for widths it
+    cannot take), as ``fd_x86.linear`` does for the dense linears."""
+    if quant.method == "wint4" and getattr(quant, "act_dtype", "float32") == "bfloat16" and int4_bf16_enabled():
+        return WINT4_BF16_CODE
+    return _METHOD_CODE[quant.method]
 
 
 def _group(quant: Any) -> int:

@@ -196,3 +196,94 @@ def test_the_fused_run_picks_the_kernel_fd_linear_picks(x86_ops: Any, act_dtype:
     run(False)
     runs = [entry[1] for _, models in fused._MODELS.items() for entry in models[1].runs.values()]
     assert any(r is not None and r[6] == [FP32_METHOD] * 4 for r in runs)
+
+
+# ------------------------------------------------------------ routed and shared experts
+
+E, D, INTER = 8, 256, 128  # up_gate: 2 groups of 128 inputs, down: 1
+
+
+def _deq(q: QuantizedWeight) -> np.ndarray:
+    """A wint4 weight's values ``[..., in, out]`` in float64 (the contract's codes times scales)."""
+    packed = q.qweight.numpy()
+    lo, hi = (packed & 15).astype(np.int64), (packed >> 4).astype(np.int64)
+    codes = np.empty(packed.shape[:-1] + (2 * packed.shape[-1],), np.int64)
+    codes[..., 0::2], codes[..., 1::2] = np.where(lo > 7, lo - 16, lo), np.where(hi > 7, hi - 16, hi)
+    per = q.in_features if q.group_size <= 0 else q.group_size
+    values = codes * np.repeat(q.scales.numpy().astype(np.float64), per, axis=-1)[..., :q.in_features]
+    return np.swapaxes(values, -1, -2)
+
+
+def _ffn(x: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    """down(silu(gate) * up) with both linears' inputs rounded to bf16 (float64 otherwise)."""
+    h = _bf16(x.astype(np.float32)).astype(np.float64) @ up
+    gate, upv = h[:, :h.shape[1] // 2], h[:, h.shape[1] // 2:]
+    act = gate / (1 + np.exp(-gate)) * upv
+    return _bf16(act.astype(np.float32)).astype(np.float64) @ down
+
+
+def _experts(rng: np.random.Generator, group: int, act_dtype: str) -> tuple[QuantizedWeight, QuantizedWeight]:
+    from fd_core.quantization.weights import quantize_array
+
+    def stack(d_in: int, d_out: int) -> QuantizedWeight:
+        parts = [quantize_array("wint4", rng.standard_normal((d_in, d_out)).astype(np.float32) * 0.05, group)
+                 for _ in range(E)]
+        return QuantizedWeight("wint4", paddle.to_tensor(np.stack([p[0] for p in parts])),
+                               paddle.to_tensor(np.stack([p[1] for p in parts])), d_in, d_out, parts[0][2], act_dtype)
+
+    return stack(D, 2 * INTER), stack(INTER, D)
+
+
+def _shared_expert(rng: np.random.Generator, act_dtype: str) -> tuple[QuantizedWeight, QuantizedWeight]:
+    from fd_core.quantization import quantize_weight
+
+    up = quantize_weight("wint4", rng.standard_normal((D, 2 * INTER)).astype(np.float32) * 0.05, 128)
+    down = quantize_weight("wint4", rng.standard_normal((INTER, D)).astype(np.float32) * 0.05, 128)
+    up.act_dtype = down.act_dtype = act_dtype
+    return up, down
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 33])  # 1 and 3: the few-token region; 33 the per-expert loop
+def test_routed_and_shared_experts_on_bf16_activations(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fd_x86.moe
+
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    rng = np.random.default_rng(tokens)
+    quant, shared = _experts(rng, 128, "bfloat16"), _shared_expert(rng, "bfloat16")
+    x = rng.standard_normal((tokens, D)).astype(np.float32)
+    ids = np.stack([rng.permutation(E)[:2] for _ in range(tokens)]).astype(np.int64)
+    weights = rng.random((tokens, 2)).astype(np.float32)
+    up, down = _deq(quant[0]), _deq(quant[1])
+    want = np.zeros((tokens, D))
+    for t in range(tokens):
+        for j in range(2):
+            want[t] += weights[t, j] * _ffn(x[t:t + 1], up[ids[t, j]], down[ids[t, j]])[0]
+    routed = fd_x86.moe.moe_experts(paddle.to_tensor(x), paddle.to_tensor(weights), paddle.to_tensor(ids),
+                                    quant).numpy()
+    np.testing.assert_allclose(routed, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+    both = fd_x86.moe.moe_layer_experts(paddle.to_tensor(x), paddle.to_tensor(weights), paddle.to_tensor(ids),
+                                        quant, *shared).numpy()
+    want += _ffn(x, _deq(shared[0]), _deq(shared[1]))
+    np.testing.assert_allclose(both, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+    # the switch, or float32 activations: wint4's fp32 kernels, which differ by the rounding
+    monkeypatch.setenv("FD_X86_INT4_BF16", "0")
+    off = fd_x86.moe.moe_experts(paddle.to_tensor(x), paddle.to_tensor(weights), paddle.to_tensor(ids), quant)
+    fp32 = _experts(np.random.default_rng(tokens), 128, "float32")
+    monkeypatch.delenv("FD_X86_INT4_BF16")
+    plain = fd_x86.moe.moe_experts(paddle.to_tensor(x), paddle.to_tensor(weights), paddle.to_tensor(ids), fp32)
+    np.testing.assert_array_equal(off.numpy(), plain.numpy())
+    assert np.abs(off.numpy() - routed).max() > 1e-4 * np.abs(want).max()
+
+
+def test_experts_the_bf16_kernel_cannot_take_run_wint4s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups of 64 (not whole 128-input blocks): the op runs wint4's kernels on the fp32 activations."""
+    import fd_x86.moe
+
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    rng = np.random.default_rng(11)
+    x = paddle.to_tensor(rng.standard_normal((3, D)).astype(np.float32))
+    ids = paddle.to_tensor(np.array([[0, 5], [5, 2], [7, 1]], np.int64))
+    weights = paddle.to_tensor(rng.random((3, 2)).astype(np.float32))
+    bf16 = fd_x86.moe.moe_experts(x, weights, ids, _experts(np.random.default_rng(1), 64, "bfloat16")).numpy()
+    fp32 = fd_x86.moe.moe_experts(x, weights, ids, _experts(np.random.default_rng(1), 64, "float32")).numpy()
+    np.testing.assert_array_equal(bf16, fp32)

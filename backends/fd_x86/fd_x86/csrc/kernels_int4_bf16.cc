@@ -1,5 +1,5 @@
-// AVX-512 BF16 kernels: packed wint4 words against bf16 activations
-// (vdpbf16ps). Compiled for that ISA by the pragma below and only called
+// AVX-512 BF16 kernels: wint4 against bf16 activations (vdpbf16ps), on the
+// packed words (linears) and on the experts' contract layout (moe_kernels.h). Compiled for that ISA by the pragma below and only called
 // after the CPU was seen to have avx512_bf16 (dense16_has_bf16_dot).
 //
 // For a model whose activations are bf16 (`--dtype bfloat16`, FastDeploy's
@@ -13,12 +13,16 @@
 
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
 
+#include "moe_kernels.h"
 #include "packed_drive.h"
 #include "tiling.h"
 
 namespace {
 
 using fdx86::LinearArgs;
+
+// The MoE kernels' prefetch distance in each channel's stream (kernels_moe_avx512.cc's kPrefetchAhead)
+constexpr int64_t kMoePrefetchAhead = 8192;
 
 // bf16(v) of the signed 4-bit code in an index's low 4 bits (vpermw reads 5)
 inline __m512i code_table() {
@@ -105,9 +109,91 @@ struct Wint4WordsBf16 {
   }
 };
 
+// moe_kernels.h's Wint4Lut on bf16 activations: a channel's 128 codes of a
+// block in one 64-byte load (lane l = inputs 8l .. 8l+7, input 8l+t in bits
+// 4t..4t+3), shifted by 4t and turned into bf16 pairs (inputs 8l+t, 8l+t+4)
+// by one vpermw, against the activation pairs of wint4_lut_bf16_prepare_avx512.
+// The codes are unscaled: each group's products are summed in fp32, then
+// scaled into the channel's accumulator (Wint4Lut folds the scale into its
+// table), and the lanes are summed at the end. Tiles of up to 2 rows x 4
+// channels: 8 accumulators and 8 group sums in registers.
+struct Wint4LutBf16 {
+  static constexpr int kMaxRows = 2;
+
+  template <int MB, int NB>
+  static inline void tile(const LinearArgs& a, int64_t m, int64_t n) {
+    constexpr int64_t kBlock = fdx86::kWint4LutBlock;
+    const int64_t K = a.K, Kh = K / 2, K2 = K / 2, blocks_per_group = a.group_size / kBlock;
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * Kh;
+    const uint32_t* xb = a.xb + m * K2;
+    const __m512i table = code_table();
+    __m512 acc[MB][NB];
+#pragma GCC unroll 2
+    for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < a.groups; ++g) {
+      __m512 gacc[MB][NB];
+#pragma GCC unroll 2
+      for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) gacc[i][j] = _mm512_setzero_ps();
+      for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+        __m512i v[NB];
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          const uint8_t* p = w + j * Kh + b * 64;
+          _mm_prefetch(reinterpret_cast<const char*>(p + kMoePrefetchAhead), _MM_HINT_T0);
+          v[j] = _mm512_loadu_si512(p);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) {
+          __m512bh xv[MB];
+#pragma GCC unroll 2
+          for (int i = 0; i < MB; ++i) xv[i] = (__m512bh)_mm512_loadu_si512(xb + i * K2 + b * 64 + t * 16);
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) {
+            const __m512bh wb = (__m512bh)_mm512_permutexvar_epi16(v[j], table);
+            if (t < 3) v[j] = _mm512_srli_epi32(v[j], 4);
+#pragma GCC unroll 2
+            for (int i = 0; i < MB; ++i) gacc[i][j] = _mm512_dpbf16_ps(gacc[i][j], wb, xv[i]);
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        const __m512 sc = _mm512_set1_ps(a.scales[(n + j) * a.groups + g]);
+#pragma GCC unroll 2
+        for (int i = 0; i < MB; ++i) acc[i][j] = _mm512_fmadd_ps(gacc[i][j], sc, acc[i][j]);
+      }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) a.out[(m + i) * a.N + n + j] = _mm512_reduce_add_ps(acc[i][j]);
+  }
+};
+
 }  // namespace
 
 namespace fdx86 {
+
+void wint4_lut_bf16_prepare_avx512(const float* x, int64_t M, int64_t K, uint32_t* xb) {
+  constexpr int64_t kBlock = kWint4LutBlock;
+  alignas(64) uint16_t h[kBlock];
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < K; b += kBlock) {
+      for (int q = 0; q < kBlock / 16; ++q)  // RNE, as vdpbf16ps's other operand in wint4_bf16_prepare_avx512
+        _mm256_store_si256(reinterpret_cast<__m256i*>(h + 16 * q),
+                           (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + m * K + b + 16 * q)));
+      uint32_t* o = xb + (m * K + b) / 2;
+      for (int t = 0; t < 4; ++t)
+        for (int l = 0; l < 16; ++l) o[16 * t + l] = h[8 * l + t] | static_cast<uint32_t>(h[8 * l + t + 4]) << 16;
+    }
+  }
+}
+
+void wint4_lut_bf16_avx512(const LinearArgs& a) { drive<Wint4LutBf16>(a); }
 
 void wint4_bf16_prepare_avx512(const float* x, int64_t M, int64_t K, uint32_t* xb, int threads) {
   // within each 8 inputs: words x0 x4 x1 x5 x2 x6 x3 x7 (dword t = x[t] | x[t + 4] << 16)

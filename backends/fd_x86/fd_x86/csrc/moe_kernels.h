@@ -20,6 +20,15 @@ constexpr int64_t kWint4LutBlock = 128;
 void wint4_lut_permute(const float* x, int64_t M, int64_t K, float* xp);
 void wint4_lut_avx512(const LinearArgs& a);
 
+// The same weights against the activations rounded to bf16 (kernels_int4_bf16.cc;
+// avx512_bf16): a.xb [M, K/2] from wint4_lut_bf16_prepare_avx512 (per block of
+// 128 inputs, dword 16t + l = bf16(x[8l+t]) | bf16(x[8l+t+4]) << 16, t < 4);
+// the unscaled codes times them on vdpbf16ps, each group's products summed in
+// fp32 and then scaled (the groups in ascending order, each a sum of 16 lanes at
+// the end). Same K / group_size requirements as wint4_lut_avx512.
+void wint4_lut_bf16_prepare_avx512(const float* x, int64_t M, int64_t K, uint32_t* xb);
+void wint4_lut_bf16_avx512(const LinearArgs& a);
+
 // Router logits: out [T, E] = x [T, D] @ gate [D, E] in fp32, each logit
 // summed over d in ascending order (one FMA chain per 16 experts); threads
 // over tokens when the call is large.

@@ -12,8 +12,10 @@ namespace fdx86 {
 
 // fd_x86_moe_experts' / fd_x86_moe_layer's ``method`` codes past wint8 (0),
 // wint4 (1) and w8a8 (2). w4a8 (5) reads wint4's contract layout (the MoE
-// ops' Stacked checks it as wint4's) and runs w4a8_linear below.
-constexpr int kMoeW4a8Static = 3, kMoeWint2 = 4, kMoeW4a8 = 5;
+// ops' Stacked checks it as wint4's) and runs w4a8_linear below. wint4 on bf16
+// activations (6: a model whose activations are bf16) reads wint4's layout too
+// and runs wint4_lut_bf16_avx512 (moe_kernels.h) where it can.
+constexpr int kMoeW4a8Static = 3, kMoeWint2 = 4, kMoeW4a8 = 5, kMoeWint4Bf16 = 6;
 
 inline bool moe_offline_method(int method) { return method == kMoeW4a8Static || method == kMoeWint2; }
 

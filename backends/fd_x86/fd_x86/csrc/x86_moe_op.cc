@@ -12,8 +12,10 @@
 //     reference's order), so each selected expert's weights are read once per
 //     call; each expert's two linears run the per-ISA contract-layout kernels
 //     (kernels.h), threads split over each linear's output channels. Attributes:
-//     method (0 wint8, 1 wint4, 2 w8a8, 3 w4a8_static, 4 wint2, 5 w4a8), up_group / down_group (wint4's
-//     and w4a8's group size, -1 = K), isa (0 auto, 1 AVX2, 2 AVX-512), threads.
+//     method (0 wint8, 1 wint4, 2 w8a8, 3 w4a8_static, 4 wint2, 5 w4a8, 6 wint4 on bf16 activations),
+//     up_group / down_group (wint4's and w4a8's group size, -1 = K), isa (0 auto, 1 AVX2, 2 AVX-512), threads.
+//     6 (a model whose activations are bf16) runs wint4_lut_bf16_avx512 on avx512_bf16 CPUs where K
+//     and the group are multiples of 128, and wint4's kernels (fp32 activations) elsewhere.
 //     w4a8 (wint4's layout, per-token int8 activations; AVX-512 VNNI, K and
 //     the group multiples of 128) runs w4a8_linear (offline_op.h) at any isa.
 //
@@ -50,10 +52,10 @@
 
 namespace {
 
-constexpr int kWint8 = 0, kWint4 = 1, kW8a8 = 2, kW4a8 = fdx86::kMoeW4a8;
+constexpr int kWint8 = 0, kWint4 = 1, kW8a8 = 2, kW4a8 = fdx86::kMoeW4a8, kWint4Bf16 = fdx86::kMoeWint4Bf16;
 
-// the methods whose weights are the contract layouts (wint4's for w4a8), shared experts included
-bool contract_method(int m) { return m == kWint8 || m == kWint4 || m == kW8a8 || m == kW4a8; }
+// the methods whose weights are the contract layouts (wint4's for w4a8 and wint4 on bf16), shared experts included
+bool contract_method(int m) { return m == kWint8 || m == kWint4 || m == kW8a8 || m == kW4a8 || m == kWint4Bf16; }
 
 }  // namespace
 
@@ -101,7 +103,7 @@ struct Stacked {
       scales = s.data<float>();
       return;
     }
-    const bool int4 = method == kWint4 || method == kW4a8;  // w4a8 stores wint4's layout
+    const bool int4 = method == kWint4 || method == kW4a8 || method == kWint4Bf16;  // wint4's layout
     PD_CHECK(qweight.dtype() == (int4 ? paddle::DataType::UINT8 : paddle::DataType::INT8), op, ": ", name,
              " qweight must be ", int4 ? "uint8" : "int8");
     PD_CHECK(s.dtype() == paddle::DataType::FLOAT32, op, ": ", name, " scales must be float32");
@@ -131,6 +133,7 @@ struct Stacked {
 // Per-call buffers, reused across the experts of the call.
 struct Scratch {
   std::vector<float> xe, xo;
+  std::vector<uint32_t> xb;  // wint4 on bf16: the activation pairs
   std::vector<int8_t> xq;
   std::vector<float> xscale;
   std::vector<int32_t> xsum;
@@ -150,9 +153,22 @@ void expert_linear(const Stacked& s, int64_t e, const float* x, int64_t M, float
   a.scales = s.scales + e * s.N * s.groups;
   a.out = out;
   a.threads = threads;
-  if (method == kWint4 && avx512 && scratch->int8_act && s.K % 128 == 0 && s.group_size % 128 == 0 &&
-      s.K % s.group_size == 0 && fdx86::cpu_has_avx512_vnni()) {
+  if ((method == kWint4 || method == kWint4Bf16) && avx512 && scratch->int8_act && s.K % 128 == 0 &&
+      s.group_size % 128 == 0 && s.K % s.group_size == 0 && fdx86::cpu_has_avx512_vnni()) {
     method = kW4a8;  // opt-in: int8 activations on the same weight (w4a8 stores wint4's layout)
+  }
+  if (method == kWint4Bf16) {
+    if (avx512 && s.K % fdx86::kWint4LutBlock == 0 && s.group_size % fdx86::kWint4LutBlock == 0 &&
+        fdx86::dense16_has_bf16_dot()) {
+      a.groups = s.groups;
+      a.group_size = s.group_size;
+      scratch->xb.resize(M * s.K / 2);
+      fdx86::wint4_lut_bf16_prepare_avx512(x, M, s.K, scratch->xb.data());
+      a.xb = scratch->xb.data();
+      fdx86::wint4_lut_bf16_avx512(a);
+      return;
+    }
+    method = kWint4;  // no bf16 kernel for this weight or CPU: wint4's, on the fp32 activations
   }
   if (method == kW4a8) {  // x86_offline_op.cc: per-token int8 activations, VNNI
     fdx86::w4a8_linear(static_cast<const uint8_t*>(a.w), a.scales, x, M, s.N, s.K, s.group_size, out, threads,
@@ -344,7 +360,7 @@ Experts checked_experts(int64_t D, const paddle::Tensor& up_qweight, const paddl
                         int up_group, int down_group, const fdx86::MoeSharedArgs* shared) {
   const char* op = "fd_x86_moe_experts";
   PD_CHECK(contract_method(method) || fdx86::moe_offline_method(method), op,
-           ": method must be 0 (wint8), 1 (wint4), 2 (w8a8), 3 (w4a8_static), 4 (wint2) or 5 (w4a8), got ", method);
+           ": method must be 0 (wint8), 1 (wint4), 2 (w8a8), 3 (w4a8_static), 4 (wint2), 5 (w4a8) or 6 (wint4, bf16 activations), got ", method);
   // checked here, not only in the kernels' callers: the few-token path runs them inside an OpenMP
   // region, which an exception cannot leave (the process would abort instead of raising)
   PD_CHECK(!(method == kW4a8 || (shared != nullptr && shared->method == kW4a8) || fdx86::moe_offline_method(method)) ||
@@ -496,7 +512,7 @@ std::vector<paddle::Tensor> MoeExpertsShared(
     const paddle::Tensor& shared_down_qweight, const paddle::Tensor& shared_down_scales, int method, int up_group,
     int down_group, int shared_method, int shared_up_group, int shared_down_group, int isa, int threads) {
   PD_CHECK(contract_method(shared_method),
-           "fd_x86_moe_experts_shared: shared_method must be 0 (wint8), 1 (wint4), 2 (w8a8) or 5 (w4a8), got ",
+           "fd_x86_moe_experts_shared: shared_method must be 0 (wint8), 1 (wint4), 2 (w8a8), 5 (w4a8) or 6 (wint4, bf16 activations), got ",
            shared_method);
   fdx86::MoeSharedArgs shared;
   shared.method = shared_method;
