@@ -51,7 +51,7 @@ def tie_lm_head(lm_head: Linear, embed_tokens: Param) -> None:
     if lm_head.quant is None and hasattr(lm_head.weight, "method"):
         # the head is no parameter of the model's (it is the table): it meets the model's activations,
         # the table's dtype (``QuantizedWeight.act_dtype``, as the loader records for the others)
-        lm_head.weight.act_dtype = getattr(embed_tokens, "dtype", "float32")
+        lm_head.weight.act_dtype = getattr(embed_tokens, "dtype", "float32")  # type: ignore[attr-defined]
         if table.dtype != paddle.float32:  # 16-bit table: the quantizer takes fp32 (numpy has no bf16)
             table = table.astype("float32")
         lm_head.weight.set((as_array(table) if on_host(table) else table.numpy()).T)

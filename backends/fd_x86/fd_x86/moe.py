@@ -63,7 +63,13 @@ from fd_x86.build import load_ops
 from fd_x86.fp8 import METHOD as FP8
 from fd_x86.fp8 import available as fp8_available
 from fd_x86.fp8 import expert_block_fp8_linear
-from fd_x86.linear import METHODS, PREFILL_INT8_MIN_ROWS, int4_bf16_enabled, prefill_int8_enabled, quantized_linear
+from fd_x86.linear import (
+    METHODS,
+    PREFILL_INT8_MIN_ROWS,
+    int4_bf16_enabled,
+    prefill_int8_enabled,
+    quantized_linear,
+)
 from fd_x86.memory import advise_huge_pages
 from fd_x86.offline import METHOD_CODE as _OFFLINE_CODE
 from fd_x86.offline import W4A8_CODE, w4a8_experts_run
