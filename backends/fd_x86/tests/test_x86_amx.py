@@ -82,3 +82,11 @@ def test_amx_harness_bit_exact(tmp_path: Path) -> None:
         pytest.skip(proc.stdout.splitlines()[0])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "PASSED" in proc.stdout and "amx vs vnni bit-exact" in proc.stdout
+
+
+def test_listing_reports_the_int4_bf16_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FD_X86_INT4_BF16", raising=False)
+    assert "vdpbf16ps" in choose_kernels(CpuFeatures("test", AVX512 | {"avx512_bf16"})).summary[3]
+    assert "no avx512_bf16 on this CPU" in choose_kernels(CpuFeatures("test", AVX512)).summary[3]
+    monkeypatch.setenv("FD_X86_INT4_BF16", "0")
+    assert "off (FD_X86_INT4_BF16=0)" in choose_kernels(CpuFeatures("test", AVX512 | {"avx512_bf16"})).summary[3]

@@ -28,6 +28,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         cases = [("none", *shape) for shape in LINEAR_SHAPES]
         cases += [(m, *shape) for m in methods for shape in LINEAR_SHAPES if shape[1] % 256 == 0]
         metafunc.parametrize("method,tokens,d_in,d_out", cases)
+    if metafunc.function.__name__ == "test_linear_on_bf16_activations":
+        methods = metafunc.config.stash[STATE_KEY].quant_methods()
+        cases = [(m, *shape) for m in methods for shape in LINEAR_SHAPES if shape[1] % 256 == 0]
+        if not cases:
+            cases = [pytest.param("none", 0, 0, 0, marks=pytest.mark.skip(reason="the backend lists no method"))]
+        metafunc.parametrize("method,tokens,d_in,d_out", cases)
 
 
 # ------------------------------------------------------------------ rms_norm
@@ -181,3 +187,23 @@ def test_communicator_single_rank_is_identity(conformance: Harness) -> None:
     ]:
         out = call(fd.device(x))
         fd.assert_close("communicator", f"world_size=1 {name} x[37, 100]", out, x, EXACT)
+
+
+def test_linear_on_bf16_activations(conformance: Harness, method: str, tokens: int, d_in: int, d_out: int) -> None:
+    """A weight whose model's activations are bf16 (``QuantizedWeight.act_dtype``) may round
+    the activations to bf16 at the linear; given activations that are bf16 values already (in
+    fp32 tensors, as a backend keeping fp32 between ops holds them), the result is the
+    reference's to fp32 tolerance: the rounding changes nothing, nor may anything else."""
+    fd = conformance
+    rng = case_rng("linear_bf16_act", method, tokens, d_in, d_out)
+    x = fd.rounded(fd.rounded(rng.normal(0, 1, (tokens, d_in)), "bfloat16"))
+    w = rng.normal(0, d_in**-0.5, (d_in, d_out)).astype(np.float32)
+    quantize = _reference_quantizer(method)
+    with fd.on_host():
+        qweight = quantize(method, fd.host(w))
+    qweight.act_dtype = "bfloat16"
+    want = fd.call_reference("linear", x=fd.host(x), weight=None, bias=None, quant=qweight)
+    got = fd.call("linear", x=fd.device(x), weight=None, bias=None,
+                  quant=replace_tensors(qweight, lambda t: t.to(fd.place)))
+    fd.assert_close("linear", f"{method}, act_dtype bfloat16: x[{tokens}, {d_in}] @ W[{d_in}, {d_out}] "
+                    f"dtype={fd.dtype}", got, want, fd.tol())
