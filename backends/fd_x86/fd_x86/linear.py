@@ -31,17 +31,19 @@ ran in: chunked prefill or preemption may change outputs, which the default
 path guarantees they do not. Read on each call (A/B comparisons in one
 process).
 
-wint4 on bf16 activations: where the activations reaching a wint4 linear
-are bf16 (``x`` is, or its model's are: ``QuantizedWeight.act_dtype``, set by
-the loader from ``--dtype bfloat16``, FastDeploy's numerics and ``x86``'s
-default for bf16 checkpoints; x86's own ops keep activations in fp32 between
-calls), on a CPU with avx512_bf16 and the packed word layout, the call runs
+wint4 on bf16 activations: where a wint4 weight's model has bf16 activations
+(``QuantizedWeight.act_dtype``, set by the loader from ``--dtype bfloat16``,
+FastDeploy's numerics and ``x86``'s default for bf16 checkpoints; x86's own
+ops keep activations in fp32 between calls), on a CPU with avx512_bf16 and
+the packed word layout, the call runs
 ``csrc/kernels_int4_bf16.cc``: the codes (exact in bf16) times the
 activations as bf16 on ``vdpbf16ps``, each group's products summed in fp32.
 The activations are the reference's operands already, so only the fp32
 summation order differs from it; the kernel does about half the fp32
 kernel's instructions per weight (1.4-1.9x at 1-512 rows on Zen 4). It runs at
-every row count, so a token's result does not depend on its step's size.
+every row count, so the kernel and the rounding do not depend on the step's
+size (the fp32 summation order does, with the row tile, as the fp32 kernels'
+has: README "Seeds and batch invariance").
 ``FD_X86_INT4_BF16=0`` keeps the fp32 kernel (A/B comparisons; read on each
 call).
 """
@@ -95,10 +97,11 @@ def _has_bf16_dot() -> bool:
     return cpu_features().has(AVX512_BF16_FLAG)
 
 
-def bf16_activations(x: Any, quant: Any) -> bool:
-    """Whether ``quant`` meets bf16 activations: ``x`` is bf16, or its model's are
-    (``QuantizedWeight.act_dtype``; x86's own ops keep them fp32 between calls)."""
-    return str(x.dtype) == "paddle.bfloat16" or getattr(quant, "act_dtype", "float32") == "bfloat16"
+def bf16_activations(quant: Any) -> bool:
+    """Whether ``quant``'s model's activations are bf16 (``QuantizedWeight.act_dtype``; x86's
+    own ops keep them fp32 between calls). Told by the weight alone, as the fused run and the
+    MoE ops tell it, so a row takes the same kernel on every path."""
+    return getattr(quant, "act_dtype", "float32") == "bfloat16"
 
 
 def wint4_packed_method(in_features: int, group_size: int, bf16_activations: bool) -> int:
@@ -226,7 +229,7 @@ def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None 
     if packed is not None:
         method = _PACKED_METHOD[quant.method]
         if quant.method == "wint4" and isa == "auto":
-            method = wint4_packed_method(quant.in_features, group, bf16_activations(x, quant))
+            method = wint4_packed_method(quant.in_features, group, bf16_activations(quant))
         out = ops.fd_x86_packed_linear(x2, packed[0], packed[1], method, d_out, group, nthreads)
     else:
         if quant.method == "wint8":

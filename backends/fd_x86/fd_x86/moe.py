@@ -212,7 +212,8 @@ def _entry(gate: Any, correction_bias: Any, quant: Any, shared_up_gate: Any, sha
     # every object the entry holds or reads (a QuantizedWeight's tensors may be reassigned in place)
     objs = (gate, correction_bias, quant[1], shared_up_gate, shared_down, up_q.qweight, up_q.scales,
             quant[1].qweight, quant[1].scales, *_tensors(shared_up_gate), *_tensors(shared_down),
-            int4_bf16_enabled())  # the switch the method codes read (a bool: compared by identity)
+            # what the method codes read (bools: compared by identity): the switch, the activation dtypes
+            int4_bf16_enabled(), _bf16_act(up_q), _bf16_act(shared_up_gate))
     if entry is None or len(entry[0]) != len(objs) or not all(map(_same, entry[0], objs)):
         entry = _layer_entry(up_q, objs, quant, shared_up_gate, shared_down)
     return entry[1], entry[2]
@@ -319,12 +320,16 @@ def _native_experts(x: Any, topk_weights: Any, topk_ids: Any, up_q: Any, down_q:
     )
 
 
+def _bf16_act(quant: Any) -> bool:
+    return getattr(quant, "act_dtype", "float32") == "bfloat16"
+
+
 def _code(quant: Any) -> int:
     """The ops' ``method`` code for ``quant``: wint4 whose model's activations are bf16
     (``QuantizedWeight.act_dtype``) takes ``WINT4_BF16_CODE`` where that kernel may run
     (``fd_x86.linear.int4_bf16_enabled``; the op falls back to wint4's kernels for widths it
     cannot take), as ``fd_x86.linear`` does for the dense linears."""
-    if quant.method == "wint4" and getattr(quant, "act_dtype", "float32") == "bfloat16" and int4_bf16_enabled():
+    if quant.method == "wint4" and _bf16_act(quant) and int4_bf16_enabled():
         return WINT4_BF16_CODE
     return _METHOD_CODE[quant.method]
 

@@ -112,12 +112,14 @@ def test_quantized_linear_takes_it_for_bf16_activations(monkeypatch: pytest.Monk
     # the model's activations are bf16 (act_dtype) though x86 hands fp32 between its ops
     np.testing.assert_array_equal(quantized_linear(paddle.to_tensor(x), quant).numpy(), bf16_out)
     np.testing.assert_array_equal(quantized_linear(paddle.to_tensor(x), fp32_model).numpy(), fp32_out)
-    # a bf16 x: rounding it again changes nothing; the result comes back in x's dtype
+    # the weight alone decides (as in the fused run and the MoE ops): a bf16 x meeting a weight of
+    # fp32 activations takes the fp32 kernel; the result comes back in x's dtype
     xb = paddle.to_tensor(x).astype("bfloat16")
     got = quantized_linear(xb, fp32_model)
     assert got.dtype == paddle.bfloat16
-    np.testing.assert_array_equal(got.astype("float32").numpy(), paddle.to_tensor(bf16_out).astype("bfloat16")
-                                  .astype("float32").numpy())
+    exact = _run(xb.astype("float32").numpy(), fp32_model, FP32_METHOD)
+    np.testing.assert_array_equal(got.astype("float32").numpy(),
+                                  paddle.to_tensor(exact).astype("bfloat16").astype("float32").numpy())
     monkeypatch.setenv("FD_X86_INT4_BF16", "0")  # the switch: the fp32 kernel
     np.testing.assert_array_equal(quantized_linear(paddle.to_tensor(x), quant).numpy(), fp32_out)
 
@@ -287,3 +289,30 @@ def test_experts_the_bf16_kernel_cannot_take_run_wint4s(monkeypatch: pytest.Monk
     bf16 = fd_x86.moe.moe_experts(x, weights, ids, _experts(np.random.default_rng(1), 64, "bfloat16")).numpy()
     fp32 = fd_x86.moe.moe_experts(x, weights, ids, _experts(np.random.default_rng(1), 64, "float32")).numpy()
     np.testing.assert_array_equal(bf16, fp32)
+
+
+def test_experts_with_a_short_last_group_read_no_further(monkeypatch: pytest.MonkeyPatch) -> None:
+    """K = 384 in groups of 256 (a last group of 128): the op takes the experts with wint4's fp32 kernels
+    (the bf16 table kernel needs whole groups), the same result as float32 activations, finite."""
+    import fd_x86.moe
+
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    rng = np.random.default_rng(12)
+    d = 384
+
+    def stack(d_in: int, d_out: int, act_dtype: str, seed: int) -> QuantizedWeight:
+        r = np.random.default_rng(seed)
+        codes = r.integers(-8, 8, (E, d_out, d_in))
+        nib = codes.astype(np.uint8) & np.uint8(0x0F)
+        q4 = np.ascontiguousarray(nib[..., 0::2] | (nib[..., 1::2] << np.uint8(4)))
+        groups = -(-d_in // 256)
+        scales = (r.random((E, d_out, groups)) * 0.01 + 0.001).astype(np.float32)
+        return QuantizedWeight("wint4", paddle.to_tensor(q4), paddle.to_tensor(scales), d_in, d_out, 256, act_dtype)
+
+    x = paddle.to_tensor(rng.standard_normal((2, d)).astype(np.float32))
+    ids = paddle.to_tensor(np.array([[0, 3], [3, 6]], np.int64))
+    weights = paddle.to_tensor(rng.random((2, 2)).astype(np.float32))
+    outs = [fd_x86.moe.moe_experts(x, weights, ids, (stack(d, 2 * INTER, a, 1), stack(INTER, d, a, 2))).numpy()
+            for a in ("bfloat16", "float32")]
+    assert np.isfinite(outs[0]).all()
+    np.testing.assert_array_equal(outs[0], outs[1])

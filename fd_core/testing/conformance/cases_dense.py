@@ -30,10 +30,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("method,tokens,d_in,d_out", cases)
     if metafunc.function.__name__ == "test_linear_on_bf16_activations":
         methods = metafunc.config.stash[STATE_KEY].quant_methods()
-        cases = [(m, *shape) for m in methods for shape in LINEAR_SHAPES if shape[1] % 256 == 0]
-        if not cases:
-            cases = [pytest.param("none", 0, 0, 0, marks=pytest.mark.skip(reason="the backend lists no method"))]
-        metafunc.parametrize("method,tokens,d_in,d_out", cases)
+        bf16_cases: list[Any] = [(m, *shape) for m in methods for shape in LINEAR_SHAPES if shape[1] % 256 == 0]
+        if not bf16_cases:
+            bf16_cases = [pytest.param("none", 0, 0, 0, marks=pytest.mark.skip(reason="the backend lists no method"))]
+        metafunc.parametrize("method,tokens,d_in,d_out", bf16_cases)
 
 
 # ------------------------------------------------------------------ rms_norm

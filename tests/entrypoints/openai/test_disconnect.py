@@ -124,7 +124,7 @@ async def test_a_caller_waiting_for_the_engine_goes_before_its_next_step(engine_
         return step()
 
     monkeypatch.setattr(engine, "step", recording_step)
-    stream = engine_client.generate("fair", "go on forever", SamplingParams(max_tokens=12, temperature=0))
+    stream = engine_client.generate("fair", "go on forever", SamplingParams(max_tokens=12, **GREEDY))
     async for _ in stream:
         pass
     await wait_idle(engine_client)

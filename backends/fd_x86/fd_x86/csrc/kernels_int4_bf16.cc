@@ -116,7 +116,10 @@ struct Wint4WordsBf16 {
 // The codes are unscaled: each group's products are summed in fp32, then
 // scaled into the channel's accumulator (Wint4Lut folds the scale into its
 // table), and the lanes are summed at the end. Tiles of up to 2 rows x 4
-// channels: 8 accumulators and 8 group sums in registers.
+// channels: 8 accumulators and 8 group sums in registers; a (row, channel)
+// sums in the same order whatever its tile, so an expert's output for a
+// token does not depend on how many tokens the expert took. (4 x 2 tiles, and
+// two sets of group sums at one row, ran slower or broke that.)
 struct Wint4LutBf16 {
   static constexpr int kMaxRows = 2;
 
@@ -138,7 +141,8 @@ struct Wint4LutBf16 {
       for (int i = 0; i < MB; ++i)
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j) gacc[i][j] = _mm512_setzero_ps();
-      for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+      const int64_t b1 = min64((g + 1) * blocks_per_group, K / kBlock);  // a short last group
+      for (int64_t b = g * blocks_per_group; b < b1; ++b) {
         __m512i v[NB];
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j) {

@@ -15,7 +15,8 @@
 //     method (0 wint8, 1 wint4, 2 w8a8, 3 w4a8_static, 4 wint2, 5 w4a8, 6 wint4 on bf16 activations),
 //     up_group / down_group (wint4's and w4a8's group size, -1 = K), isa (0 auto, 1 AVX2, 2 AVX-512), threads.
 //     6 (a model whose activations are bf16) runs wint4_lut_bf16_avx512 on avx512_bf16 CPUs where K
-//     and the group are multiples of 128, and wint4's kernels (fp32 activations) elsewhere.
+//     and the group are multiples of 128 and the group divides K, and wint4's kernels (fp32
+//     activations) elsewhere.
 //     w4a8 (wint4's layout, per-token int8 activations; AVX-512 VNNI, K and
 //     the group multiples of 128) runs w4a8_linear (offline_op.h) at any isa.
 //
@@ -159,7 +160,7 @@ void expert_linear(const Stacked& s, int64_t e, const float* x, int64_t M, float
   }
   if (method == kWint4Bf16) {
     if (avx512 && s.K % fdx86::kWint4LutBlock == 0 && s.group_size % fdx86::kWint4LutBlock == 0 &&
-        fdx86::dense16_has_bf16_dot()) {
+        s.K % s.group_size == 0 && fdx86::dense16_has_bf16_dot()) {
       a.groups = s.groups;
       a.group_size = s.group_size;
       scratch->xb.resize(M * s.K / 2);
