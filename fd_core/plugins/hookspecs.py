@@ -151,6 +151,9 @@ def fd_linear(x: Tensor, weight: Tensor | None, bias: Tensor | None, quant: Any)
     ``fd_core.ops.linear.QuantizedWeight`` (method name, packed weight,
     scales) and ``weight`` is None. A backend returns None for a method it
     does not implement. Returns ``[T, out]``. Stops at first non-None.
+    ``quant.act_dtype`` is the model's activation dtype: under ``bfloat16``
+    the activations may be rounded to bf16 at the linear (the reference's
+    operands); under ``float32`` they must not be.
     """
 
 
