@@ -356,71 +356,23 @@ struct Wint4Packed {
 // head at 1 row went 4.1 -> 2.7 ms (wint8's packed head: 4.0 ms, so int4
 // had cost as much as int8); 8 blocks spill. Compute still bounds it there
 // (~20 GB/s of codes per thread against ~30 GB/s read).
-template <int Blocks, int MaxRows>
-struct Wint4Words {
-  static constexpr int kMaxRows = MaxRows;
-  static constexpr int kBlocks = Blocks;
-
-  template <int MB, int NB>
-  static inline void tile(const LinearArgs& a, int64_t m, int64_t nb0) {
-    constexpr int H = MB <= 2 ? 2 : 1;  // group accumulator sets, as Wint4Packed
-    const int64_t K = a.K, K8 = K / 8, gw = a.group_size / 8, G = a.groups;
-    const uint32_t* w = static_cast<const uint32_t*>(a.w) + nb0 * K8 * 16;
-    const float* sp = a.scales + nb0 * G * 16;
-    const float* x = a.x + m * K;
-    const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
-    __m512 acc[MB][NB];
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t kb1 = min64((g + 1) * gw, K8);
-      __m512 gacc[H][MB][NB];
-#pragma GCC unroll 4
-      for (int h = 0; h < H; ++h)
-#pragma GCC unroll 8
-        for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 4
-          for (int j = 0; j < NB; ++j) gacc[h][i][j] = _mm512_setzero_ps();
-      for (int64_t kb = g * gw; kb < kb1; ++kb) {
-        __m512i v[NB];
-#pragma GCC unroll 4
-        for (int j = 0; j < NB; ++j) {
-          prefetch_ahead(w + (j * K8 + kb) * 16);
-          v[j] = _mm512_loadu_si512(w + (j * K8 + kb) * 16);
-        }
-        const float* xk = x + kb * 8;
-#pragma GCC unroll 8
-        for (int t = 0; t < 8; ++t) {
-#pragma GCC unroll 4
-          for (int j = 0; j < NB; ++j) {
-            const __m512 f = _mm512_permutexvar_ps(v[j], values);  // low 4 bits index
-            if (t < 7) v[j] = _mm512_srli_epi32(v[j], 4);
-#pragma GCC unroll 8
-            for (int i = 0; i < MB; ++i) {
-              __m512& s = gacc[H == 2 ? (t & 1) : 0][i][j];
-              s = _mm512_fmadd_ps(_mm512_set1_ps(xk[i * K + t]), f, s);
-            }
-          }
-        }
-      }
-#pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) {
-        const __m512 sc = _mm512_loadu_ps(sp + (j * G + g) * 16);
-#pragma GCC unroll 8
-        for (int i = 0; i < MB; ++i) {
-          const __m512 sum = H == 2 ? _mm512_add_ps(gacc[0][i][j], gacc[H - 1][i][j]) : gacc[0][i][j];
-          acc[i][j] = _mm512_fmadd_ps(sum, sc, acc[i][j]);
-        }
-      }
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j)
-#pragma GCC unroll 8
-      for (int i = 0; i < MB; ++i) store16(a, m + i, nb0 + j, acc[i][j]);
+// Its steps in packed_drive.h's Wint4WordsTile: 8 per word, each a vpermps
+// and an FMA with the row's broadcast fp32 activation.
+struct Fp32Codes {
+  static constexpr int kSteps = 8;
+  const float* x;
+  int64_t K;
+  __m512 values;
+  Fp32Codes(const LinearArgs& a, int64_t m)
+      : x(a.x + m * a.K), K(a.K), values(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1)) {}
+  __m512 codes(__m512i v) const { return _mm512_permutexvar_ps(v, values); }  // low 4 bits index
+  __m512 madd(__m512 s, __m512 f, int i, int64_t kb, int t) const {
+    return _mm512_fmadd_ps(_mm512_set1_ps(x[i * K + kb * 8 + t]), f, s);
   }
 };
+
+template <int Blocks, int MaxRows>
+using Wint4Words = Wint4WordsTile<Fp32Codes, Blocks, MaxRows>;
 
 // vpdpbusd(acc, w ^ 0x80 (u8, 16 channels x 4 k), broadcast 4 xq bytes (s8)):
 // 16 channel dot products, no horizontal sum; 128 * sum(xq) is taken off

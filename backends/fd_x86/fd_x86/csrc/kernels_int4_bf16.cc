@@ -24,18 +24,14 @@ using fdx86::LinearArgs;
 // The MoE kernels' prefetch distance in each channel's stream (kernels_moe_avx512.cc's kPrefetchAhead)
 constexpr int64_t kMoePrefetchAhead = 8192;
 
-// bf16(v) of the signed 4-bit code in an index's low 4 bits (vpermw reads 5)
-inline __m512i code_table() {
-  alignas(64) uint16_t tab[32];
-  for (int i = 0; i < 32; ++i) {
-    const int c = i & 15;
-    const float v = static_cast<float>(c < 8 ? c : c - 16);
-    uint32_t u;
-    __builtin_memcpy(&u, &v, 4);
-    tab[i] = static_cast<uint16_t>(u >> 16);  // small integers: exact, no rounding
-  }
-  return _mm512_load_si512(tab);
-}
+// bf16(v) of the signed 4-bit code in an index's low 4 bits (vpermw reads 5): 0 .. 7, -8 .. -1, twice
+alignas(64) constexpr uint16_t kCodeBf16[32] = {
+    0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
+    0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,
+    0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
+    0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80};
+
+inline __m512i code_table() { return _mm512_load_si512(kCodeBf16); }
 
 // The word layout (Wint4Words): word (kb, c) holds channel c's codes of inputs
 // 8kb .. 8kb+7, input 8kb+t in bits 4t..4t+3. Shifted right by 4t, a word's
@@ -43,71 +39,22 @@ inline __m512i code_table() {
 // their low 4 bits: one vpermw makes the bf16 pair vdpbf16ps multiplies with
 // the activation pair (x[8kb+t], x[8kb+t+4]) (wint4_bf16_prepare_avx512's
 // order). Per group, the products summed in fp32 (two chains at 1-2 rows),
-// then scaled into fp32 accumulators in group order, as Wint4Words.
-template <int Blocks, int MaxRows>
-struct Wint4WordsBf16 {
-  static constexpr int kMaxRows = MaxRows;
-  static constexpr int kBlocks = Blocks;
-
-  template <int MB, int NB>
-  static inline void tile(const LinearArgs& a, int64_t m, int64_t nb0) {
-    constexpr int H = MB <= 2 ? 2 : 1;
-    const int64_t K8 = a.K / 8, K2 = a.K / 2, gw = a.group_size / 8, G = a.groups;
-    const uint32_t* w = static_cast<const uint32_t*>(a.w) + nb0 * K8 * 16;
-    const float* sp = a.scales + nb0 * G * 16;
-    const uint32_t* xb = a.xb + m * K2;
-    const __m512i table = code_table();
-    __m512 acc[MB][NB];
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t kb1 = min64((g + 1) * gw, K8);
-      __m512 gacc[H][MB][NB];
-#pragma GCC unroll 2
-      for (int h = 0; h < H; ++h)
-#pragma GCC unroll 8
-        for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 4
-          for (int j = 0; j < NB; ++j) gacc[h][i][j] = _mm512_setzero_ps();
-      for (int64_t kb = g * gw; kb < kb1; ++kb) {
-        __m512i v[NB];
-#pragma GCC unroll 4
-        for (int j = 0; j < NB; ++j) {
-          prefetch_ahead(w + (j * K8 + kb) * 16);
-          v[j] = _mm512_loadu_si512(w + (j * K8 + kb) * 16);
-        }
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; ++t) {
-#pragma GCC unroll 4
-          for (int j = 0; j < NB; ++j) {
-            const __m512bh wb = (__m512bh)_mm512_permutexvar_epi16(v[j], table);
-            if (t < 3) v[j] = _mm512_srli_epi32(v[j], 4);
-#pragma GCC unroll 8
-            for (int i = 0; i < MB; ++i) {
-              __m512& s = gacc[H == 2 ? (t & 1) : 0][i][j];
-              s = _mm512_dpbf16_ps(s, wb, (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[i * K2 + kb * 4 + t])));
-            }
-          }
-        }
-      }
-#pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) {
-        const __m512 sc = _mm512_loadu_ps(sp + (j * G + g) * 16);
-#pragma GCC unroll 8
-        for (int i = 0; i < MB; ++i) {
-          const __m512 sum = H == 2 ? _mm512_add_ps(gacc[0][i][j], gacc[H - 1][i][j]) : gacc[0][i][j];
-          acc[i][j] = _mm512_fmadd_ps(sum, sc, acc[i][j]);
-        }
-      }
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j)
-#pragma GCC unroll 8
-      for (int i = 0; i < MB; ++i) store16(a, m + i, nb0 + j, acc[i][j]);
+// then scaled into fp32 accumulators in group order: packed_drive.h's
+// Wint4WordsTile, as Wint4Words, with these 4 steps per word.
+struct Bf16Codes {
+  static constexpr int kSteps = 4;
+  const uint32_t* xb;
+  int64_t K2;
+  __m512i table;
+  Bf16Codes(const LinearArgs& a, int64_t m) : xb(a.xb + m * (a.K / 2)), K2(a.K / 2), table(code_table()) {}
+  __m512bh codes(__m512i v) const { return (__m512bh)_mm512_permutexvar_epi16(v, table); }
+  __m512 madd(__m512 s, __m512bh w, int i, int64_t kb, int t) const {
+    return _mm512_dpbf16_ps(s, w, (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[i * K2 + kb * 4 + t])));
   }
 };
+
+template <int Blocks, int MaxRows>
+using Wint4WordsBf16 = Wint4WordsTile<Bf16Codes, Blocks, MaxRows>;
 
 // moe_kernels.h's Wint4Lut on bf16 activations: a channel's 128 codes of a
 // block in one 64-byte load (lane l = inputs 8l .. 8l+7, input 8l+t in bits

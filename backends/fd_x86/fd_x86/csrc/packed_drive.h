@@ -1,6 +1,7 @@
 // The work split of the packed-layout kernels (kernels_avx512.cc's layouts,
 // blocks of 16 output channels), shared by the AVX-512 TUs that run them
-// (kernels_avx512.cc, kernels_int4_bf16.cc). Included *after* the TU's
+// (kernels_avx512.cc, kernels_int4_bf16.cc), and the word layout's int4 tile
+// both run with their own inner step. Included *after* the TU's
 // `#pragma GCC target` and tiling.h, so it is compiled for that ISA;
 // internal linkage only (see kernels.h).
 #pragma once
@@ -69,5 +70,81 @@ inline void store16(const LinearArgs& a, int64_t row, int64_t block, __m512 v) {
   const int64_t n = block * 16;
   _mm512_mask_storeu_ps(a.out + row * a.N + n, mask16(a.N - n), v);
 }
+
+// The word layout's tile (wint4 in words, see kernels_avx512.cc: word (kb, c)
+// = channel c's codes of inputs 8kb .. 8kb+7, input 8kb+t in bits 4t..4t+3)
+// for MB rows x NB 16-channel blocks: per group, the codes' products summed
+// into fp32 group sums (two sets, even / odd steps, at 1-2 rows: latency),
+// then scaled into the accumulators in group order. `Codes` is what a word's
+// codes multiply: Codes(a, m) for the tile's rows; kSteps steps per word, each
+// `codes(v)` (the word's low 4 bits as the products' weight operand) and
+// `madd(s, w, i, kb, t)` (row i's products of step t of word kb added to s);
+// the word shifts right by 4 bits between steps (bf16 takes codes t and t+4
+// from a word's two halves, so it needs 4 steps, fp32 8). Wint4Words (fp32
+// activations) and Wint4WordsBf16 (bf16 activations, kernels_int4_bf16.cc).
+template <class Codes, int Blocks, int MaxRows>
+struct Wint4WordsTile {
+  static constexpr int kMaxRows = MaxRows;
+  static constexpr int kBlocks = Blocks;
+
+  template <int MB, int NB>
+  static inline void tile(const LinearArgs& a, int64_t m, int64_t nb0) {
+    constexpr int H = MB <= 2 ? 2 : 1;
+    constexpr int S = Codes::kSteps;
+    const int64_t K8 = a.K / 8, gw = a.group_size / 8, G = a.groups;
+    const uint32_t* w = static_cast<const uint32_t*>(a.w) + nb0 * K8 * 16;
+    const float* sp = a.scales + nb0 * G * 16;
+    const Codes codes(a, m);
+    __m512 acc[MB][NB];
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t kb1 = min64((g + 1) * gw, K8);
+      __m512 gacc[H][MB][NB];
+#pragma GCC unroll 4
+      for (int h = 0; h < H; ++h)
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) gacc[h][i][j] = _mm512_setzero_ps();
+      for (int64_t kb = g * gw; kb < kb1; ++kb) {
+        __m512i v[NB];
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          prefetch_ahead(w + (j * K8 + kb) * 16);
+          v[j] = _mm512_loadu_si512(w + (j * K8 + kb) * 16);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < S; ++t) {
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) {
+            const auto f = codes.codes(v[j]);
+            if (t < S - 1) v[j] = _mm512_srli_epi32(v[j], 4);
+#pragma GCC unroll 8
+            for (int i = 0; i < MB; ++i) {
+              __m512& s = gacc[H == 2 ? (t & 1) : 0][i][j];
+              s = codes.madd(s, f, i, kb, t);
+            }
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        const __m512 sc = _mm512_loadu_ps(sp + (j * G + g) * 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) {
+          const __m512 sum = H == 2 ? _mm512_add_ps(gacc[0][i][j], gacc[H - 1][i][j]) : gacc[0][i][j];
+          acc[i][j] = _mm512_fmadd_ps(sum, sc, acc[i][j]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j)
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) store16(a, m + i, nb0 + j, acc[i][j]);
+  }
+};
 
 }  // namespace

@@ -193,7 +193,8 @@ void run_packed_linear(LinearArgs a, int method) {
     a.xsum = gsum.data();
     wint4_words_vnni_avx512(a);
   } else if (method == kWint4Bf16Act) {
-    std::vector<uint32_t> xb(a.M * a.K / 2);
+    static thread_local std::vector<uint32_t> xb;  // a decode step makes ~70 of these calls: no allocation each
+    xb.resize(a.M * a.K / 2);
     wint4_bf16_prepare_avx512(a.x, a.M, a.K, xb.data(), a.threads);
     a.xb = xb.data();
     wint4_words_bf16_avx512(a);
