@@ -88,13 +88,20 @@ def _dense16_line(features: CpuFeatures) -> str:
     return f"bf16/fp16 dense: avx512 fp32 FMA, weights widened in registers; bf16: {gemm}"
 
 
-def _int4_bf16_line(features: CpuFeatures) -> str:
+def _bf16_act_line(features: CpuFeatures) -> str:
     if not features.has(AVX512_BF16_FLAG):
-        return "wint4 on bf16 activations: no avx512_bf16 on this CPU, the fp32 FMA kernels"
-    if os.environ.get("FD_X86_INT4_BF16") == "0":
-        return "wint4 on bf16 activations: off (FD_X86_INT4_BF16=0), the fp32 FMA kernels"
-    return ("wint4 on bf16 activations (--dtype bfloat16): avx512-bf16 vdpbf16ps, the activations rounded "
-            "to bf16 at the linear (FD_X86_INT4_BF16=0: fp32 FMA)")
+        return "wint4/wint8 on bf16 activations: no avx512_bf16 on this CPU, the fp32 FMA kernels"
+    switches = (("wint4", "FD_X86_INT4_BF16"), ("wint8", "FD_X86_INT8_BF16"))
+    on = [m for m, var in switches if os.environ.get(var) != "0"]
+    off = [(m, var) for m, var in switches if os.environ.get(var) == "0"]
+    if not on:
+        return ("wint4/wint8 on bf16 activations: off (" + ", ".join(f"{var}=0" for _, var in off)
+                + "), the fp32 FMA kernels")
+    line = (f"{'/'.join(on)} on bf16 activations (--dtype bfloat16): avx512-bf16 vdpbf16ps, the activations "
+            "rounded to bf16 at the linear")
+    if off:
+        return line + "".join(f"; {m}: off ({var}=0), the fp32 FMA kernels" for m, var in off)
+    return line + " (FD_X86_INT4_BF16=0 / FD_X86_INT8_BF16=0: fp32 FMA)"
 
 
 def choose_kernels(features: CpuFeatures | None = None) -> KernelChoice:
@@ -110,7 +117,7 @@ def choose_kernels(features: CpuFeatures | None = None) -> KernelChoice:
             w8a8,
             "wint8/wint4: avx512 fp32 FMA, weights dequantized in registers",
             _dense16_line(features),
-            _int4_bf16_line(features),
+            _bf16_act_line(features),
             DECODE_OPS,
         ))
     if features.has(*AVX2_FLAGS):

@@ -91,14 +91,17 @@ from fd_x86.linear import (
     _PACKED_METHOD,
     METHODS,
     PREFILL_INT8_MIN_ROWS,
+    WINT8_BF16_METHOD,
     WINT8_PACKED_MAX_ROWS,
     _has_vnni,
     _packed,
     _use_packed,
     int4_bf16_enabled,
+    int8_bf16_enabled,
     prefill_int8_enabled,
     wint4_packed_method,
     wint4_words,
+    wint8_bf16,
 )
 from fd_x86.moe import int8_act_rows, layer_enabled, layer_in_run
 from fd_x86.run_step import (
@@ -208,8 +211,8 @@ def _packed_linear(quant: Any, mode: int) -> tuple[list[Any], int, int, int] | N
     """One linear as the op takes it: its (weight, scales) tensors, kernel
     code, output width and wint4 group; None when it has no kernel here.
     The kernel is the one ``fd_linear`` runs for the same rows (``mode``:
-    ``_rows_mode``) and activations (wint4 in a bf16 model takes them as bf16:
-    ``fd_x86.linear.wint4_packed_method``), so a row's result does not depend
+    ``_rows_mode``) and activations (wint4 and wint8 in a bf16 model take them as
+    bf16: ``fd_x86.linear.wint4_packed_method`` / ``wint8_bf16``), so a row's result does not depend
     on whether the linear ran in a run."""
     if not isinstance(quant, QuantizedWeight):
         # an unquantized 16-bit weight, read in place by fd_x86.dense16's kernel
@@ -244,6 +247,12 @@ def _packed_linear(quant: Any, mode: int) -> tuple[list[Any], int, int, int] | N
         return list(packed), _INT8_ACT_METHOD["wint4"], int(quant.out_features), group
     if quant.method not in METHODS:
         return None
+    if wint8_bf16(quant):
+        # the pairs layout on bf16 activations at every row count, as fd_x86.linear runs it
+        pairs = _packed(quant, "wint8_pairs")
+        if pairs is None:
+            return None
+        return list(pairs), WINT8_BF16_METHOD, int(quant.out_features), -1
     if quant.method == "wint8" and mode != PACKED_ROWS:
         # the contract layout's kernel, as fd_x86.linear picks at this many rows
         if len(quant.qweight.shape) != 2 or not quant.qweight.is_contiguous() or not quant.scales.is_contiguous():
@@ -275,9 +284,10 @@ def _packed_linears(layer: Any, mode: int) -> tuple[list[Any], list[int], list[i
     return weights, methods, widths, groups
 
 
-def _switches() -> tuple[bool, bool, bool]:
-    """The environment switches a run's build reads (FD_X86_REPACK, FD_X86_DENSE16, FD_X86_INT4_BF16)."""
-    return _use_packed("auto"), dense16_enabled(), int4_bf16_enabled()
+def _switches() -> tuple[bool, bool, bool, bool]:
+    """The environment switches a run's build reads (FD_X86_REPACK, FD_X86_DENSE16, FD_X86_INT4_BF16,
+    FD_X86_INT8_BF16)."""
+    return _use_packed("auto"), dense16_enabled(), int4_bf16_enabled(), int8_bf16_enabled()
 
 
 @functools.lru_cache(maxsize=1)

@@ -46,6 +46,16 @@ size (the fp32 summation order does, with the row tile, as the fp32 kernels'
 has: README "Seeds and batch invariance").
 ``FD_X86_INT4_BF16=0`` keeps the fp32 kernel (A/B comparisons; read on each
 call).
+
+wint8 on bf16 activations likewise (``wint8_bf16``): a wint8 weight whose model's
+activations are bf16, with an even K, on a CPU with avx512_bf16, is repacked into
+the pairs layout (``pack_weight("wint8_pairs", ...)``: each channel's codes of an
+input pair side by side, so a 32-byte load becomes 16 channels' bf16 pairs,
+exactly) and runs ``csrc/kernels_int8_bf16.cc`` at every row count (it replaces
+both wint8 kernels above and their 7-row switch): one fp32 chain per output, the
+inputs in order, so a token's bits do not depend on its step's size; from 16
+rows a work item converts its codes to bf16 once and every row tile reads them.
+``FD_X86_INT8_BF16=0`` keeps the fp32 kernels (read on each call).
 """
 
 from __future__ import annotations
@@ -61,8 +71,8 @@ from fd_core.ops.content_key import tensor_key
 from fd_x86.build import load_ops
 from fd_x86.memory import host_tensor
 
-__all__ = ["ISAS", "METHODS", "PREFILL_INT8_MIN_ROWS", "bf16_activations", "int4_bf16_enabled", "pack_weight", "prefill_int8_enabled",
-           "quantized_linear", "wint4_packed_method", "wint4_words"]
+__all__ = ["ISAS", "METHODS", "PREFILL_INT8_MIN_ROWS", "bf16_activations", "int4_bf16_enabled", "int8_bf16_enabled",
+           "pack_weight", "prefill_int8_enabled", "quantized_linear", "wint4_packed_method", "wint4_words", "wint8_bf16"]
 
 METHODS = ("wint8", "wint4", "w8a8")
 ISAS = {"auto": 0, "avx2": 1, "avx512": 2}  # the op's ``isa`` attribute
@@ -76,6 +86,7 @@ WINT8_PACKED_MAX_ROWS = 7
 PREFILL_INT8_MIN_ROWS = 32
 _INT8_ACT_METHOD = {"wint8": 7, "wint4": 6}  # fd_x86_packed_linear's codes (csrc/packed_linear.h)
 WINT4_BF16_METHOD = 9  # its code for packed wint4 words on bf16 activations (kWint4Bf16Act)
+WINT8_BF16_METHOD = 10  # its code for wint8 pairs on bf16 activations (kWint8Bf16Act)
 
 
 def prefill_int8_enabled() -> bool:
@@ -88,6 +99,12 @@ def int4_bf16_enabled() -> bool:
     """The bf16-activation wint4 kernel may run (module doc): the CPU has avx512_bf16
     and ``FD_X86_INT4_BF16`` is not "0" (read on each call)."""
     return os.environ.get("FD_X86_INT4_BF16") != "0" and _has_bf16_dot()
+
+
+def int8_bf16_enabled() -> bool:
+    """The bf16-activation wint8 kernels may run (module doc): the CPU has avx512_bf16
+    and ``FD_X86_INT8_BF16`` is not "0" (read on each call)."""
+    return os.environ.get("FD_X86_INT8_BF16") != "0" and _has_bf16_dot()
 
 
 @functools.lru_cache(maxsize=1)
@@ -112,6 +129,14 @@ def wint4_packed_method(in_features: int, group_size: int, bf16_activations: boo
     return _PACKED_METHOD["wint4"]
 
 
+def wint8_bf16(quant: Any) -> bool:
+    """Whether a 2-D wint8 ``quant`` runs the bf16-activation kernel here (module doc):
+    its model's activations are bf16, K is even, the packed kernels and that kernel
+    run on this CPU. The fused run asks the same."""
+    return quant.method == "wint8" and bf16_activations(quant) and int(quant.in_features) % 2 == 0 \
+        and len(quant.qweight.shape) == 2 and _use_packed("auto") and int8_bf16_enabled()
+
+
 def wint4_words(k: int, group_size: int) -> bool:
     """Whether packed wint4 takes the word layout (8 codes per uint32 lane;
     ``csrc/kernels_avx512.cc`` ``Wint4Words``) for ``k`` inputs and
@@ -132,9 +157,20 @@ def pack_weight(method: str, qweight: np.ndarray, scales: np.ndarray,
     and 8 inputs, 16 little-endian uint32 words, one per channel, each the
     contract's 4 bytes of those inputs; else uint8 ``[N16, K/2, 16]`` (the
     contract's bytes). ``group_size``: wint4's (-1 per channel; None: K / G).
+    ``"wint8_pairs"`` (the bf16-activation kernel's; K even): int8 ``[N32, K/2, 64]``,
+    per input pair p of two blocks 64 bytes, block b's channel c at ``32 b + 2 c``
+    (input 2p) and ``32 b + 2 c + 1`` (input 2p + 1); scales unchanged.
     Returns (weight, scales)."""
     n = qweight.shape[0]
     nb = -(-n // 16)
+    if method == "wint8_pairs":
+        k = qweight.shape[1]
+        if k % 2:
+            raise ValueError(f"the wint8 pairs layout needs an even K, got {k}")
+        pairs = -(-n // 32)
+        w = np.zeros((pairs * 32, k), np.int8)
+        w[:n] = qweight.view(np.int8)
+        return np.ascontiguousarray(w.reshape(pairs, 2, 16, k // 2, 2).transpose(0, 3, 1, 2, 4)).reshape(pairs, k // 2, 64), scales
     if method == "wint4":
         kh, groups = qweight.shape[1], scales.reshape(n, -1).shape[1]
         w = np.zeros((nb * 16, kh), np.uint8)
@@ -171,10 +207,12 @@ def _use_packed(isa: str) -> bool:
     return isa != "avx2" and os.environ.get("FD_X86_REPACK") != "0" and _has_vnni()
 
 
-def _packed(quant: Any) -> tuple[Any, Any] | None:
+def _packed(quant: Any, layout: str | None = None) -> tuple[Any, Any] | None:
     """(packed weight, its scales) as paddle tensors, cached on ``quant``;
     None where this weight is not packed (not 2-D, or ``quant`` takes no
-    attributes): the contract-layout kernels answer then."""
+    attributes): the contract-layout kernels answer then. ``layout``: a
+    ``pack_weight`` layout other than the method's own (``"wint8_pairs"``),
+    cached beside it (A/B switches flip between the two)."""
 
     if len(quant.qweight.shape) != 2:
         return None
@@ -186,16 +224,18 @@ def _packed(quant: Any) -> tuple[Any, Any] | None:
         except (AttributeError, TypeError):  # frozen / slotted: repacking per call would cost more
             return None
     key = (tensor_key(quant.qweight), tensor_key(quant.scales))
-    entry = cache.get("x86")
+    slot = "x86" if layout is None else f"x86:{layout}"
+    entry = cache.get(slot)
     if entry is not None and entry[0] == key:
         return entry[2], entry[3]
     group = quant.group_size if quant.group_size and quant.group_size > 0 else -1
-    layout = "wint4" if quant.method == "w4a8" else quant.method  # w4a8 stores wint4's layout
+    if layout is None:
+        layout = "wint4" if quant.method == "w4a8" else quant.method  # w4a8 stores wint4's layout
     w, s = pack_weight(layout, quant.qweight.numpy(), quant.scales.numpy(), group)
     packed_w, packed_s = host_tensor(w), host_tensor(np.ascontiguousarray(s, dtype=np.float32))
     # the entry holds the tensors its key names: were they freed, a new tensor could
     # take their memory (and so their key) while the entry still answered for it
-    cache["x86"] = (key, (quant.qweight, quant.scales), packed_w, packed_s)
+    cache[slot] = (key, (quant.qweight, quant.scales), packed_w, packed_s)
     return packed_w, packed_s
 
 
@@ -223,6 +263,11 @@ def quantized_linear(x: Any, quant: Any, isa: str = "auto", threads: int | None 
             and prefill_int8_enabled() and _has_vnni():
         out = _int8_act_linear(ops, x2, quant, group, nthreads, repack)
         if out is not None:
+            return from_rows(out, x, d_out)
+    if repack and isa == "auto" and wint8_bf16(quant):
+        pairs = _packed(quant, "wint8_pairs")
+        if pairs is not None:
+            out = ops.fd_x86_packed_linear(x2, pairs[0], pairs[1], WINT8_BF16_METHOD, d_out, -1, nthreads)
             return from_rows(out, x, d_out)
     use_packed = repack and _use_packed(isa) and (quant.method != "wint8" or x2.shape[0] <= WINT8_PACKED_MAX_ROWS)
     packed = _packed(quant) if use_packed else None

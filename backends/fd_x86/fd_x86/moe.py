@@ -67,6 +67,7 @@ from fd_x86.linear import (
     METHODS,
     PREFILL_INT8_MIN_ROWS,
     int4_bf16_enabled,
+    int8_bf16_enabled,
     prefill_int8_enabled,
     quantized_linear,
 )
@@ -80,6 +81,7 @@ __all__ = ["int8_act_rows", "layer_enabled", "layer_in_run", "moe_experts", "moe
 
 _METHOD_CODE = {"wint8": 0, "wint4": 1, "w8a8": 2, **_OFFLINE_CODE, "w4a8": W4A8_CODE}  # the ops' ``method``
 WINT4_BF16_CODE = 6  # the ops' code for wint4 on bf16 activations (offline_op.h's kMoeWint4Bf16)
+WINT8_BF16_CODE = 7  # the ops' code for wint8 on bf16 activations (offline_op.h's kMoeWint8Bf16)
 _NO_BIAS: list[Any] = []  # a 1-element fp32 tensor standing in for a missing correction bias
 _LAYER_KEY = "x86.moe_layer"  # in the stacked up_gate weight's backend_cache
 
@@ -213,7 +215,7 @@ def _entry(gate: Any, correction_bias: Any, quant: Any, shared_up_gate: Any, sha
     objs = (gate, correction_bias, quant[1], shared_up_gate, shared_down, up_q.qweight, up_q.scales,
             quant[1].qweight, quant[1].scales, *_tensors(shared_up_gate), *_tensors(shared_down),
             # what the method codes read (bools: compared by identity): the switch, the activation dtypes
-            int4_bf16_enabled(), _bf16_act(up_q), _bf16_act(shared_up_gate))
+            int4_bf16_enabled(), int8_bf16_enabled(), _bf16_act(up_q), _bf16_act(shared_up_gate))
     if entry is None or len(entry[0]) != len(objs) or not all(map(_same, entry[0], objs)):
         entry = _layer_entry(up_q, objs, quant, shared_up_gate, shared_down)
     return entry[1], entry[2]
@@ -328,9 +330,13 @@ def _code(quant: Any) -> int:
     """The ops' ``method`` code for ``quant``: wint4 whose model's activations are bf16
     (``QuantizedWeight.act_dtype``) takes ``WINT4_BF16_CODE`` where that kernel may run
     (``fd_x86.linear.int4_bf16_enabled``; the op falls back to wint4's kernels for widths it
-    cannot take), as ``fd_x86.linear`` does for the dense linears."""
+    cannot take), as ``fd_x86.linear`` does for the dense linears; wint8 likewise
+    ``WINT8_BF16_CODE`` (``int8_bf16_enabled``; the op's kernel needs K % 32 == 0, else
+    wint8's fp32 kernel runs)."""
     if quant.method == "wint4" and _bf16_act(quant) and int4_bf16_enabled():
         return WINT4_BF16_CODE
+    if quant.method == "wint8" and _bf16_act(quant) and int8_bf16_enabled():
+        return WINT8_BF16_CODE
     return _METHOD_CODE[quant.method]
 
 

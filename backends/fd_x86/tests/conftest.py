@@ -10,7 +10,7 @@ import pytest
 # every environment switch the fused run reads (fd_x86.layer, fd_x86.run_step, fd_x86.moe, fd_x86.linear)
 FUSED_SWITCHES = ("FD_X86_FUSED_LAYER", "FD_X86_FUSED_MOE_ATTENTION", "FD_X86_FUSED_MOE_RUN", "FD_X86_FUSED_HEAD",
                   "FD_X86_FUSED_EMBEDDING", "FD_X86_RUN_PLAN", "FD_X86_MOE_LAYER", "FD_X86_MOE_NATIVE",
-                  "FD_X86_PREFILL_INT8_ACT", "FD_X86_INT4_BF16")
+                  "FD_X86_PREFILL_INT8_ACT", "FD_X86_INT4_BF16", "FD_X86_INT8_BF16")
 
 
 @pytest.fixture(scope="module")

@@ -60,6 +60,9 @@ def test_16_bit_weights_decode_as_with_fp32_storage(tmp_path, monkeypatch, dtype
     # dense16's stream kernel at every M (the GEMM rounds x: see the next test)
     # computes the reference's products exactly, so only fp32 summation differs
     monkeypatch.setattr(dense16, "GEMM_MIN_ROWS", 1 << 30)
+    # wint8 in a bf16 model rounds its activations to bf16 (FD_X86_INT8_BF16: the reference's
+    # numerics, not fp32 storage's); off here, so both storages take the same kernels
+    monkeypatch.setenv("FD_X86_INT8_BF16", "0")
     model = generate_checkpoint(tmp_path / "tiny", "tiny-dense", naming="paddle", seed=2, dtype=dtype)
     answered: list[int] = []
     real = fused.decoder_layers

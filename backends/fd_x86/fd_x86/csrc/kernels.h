@@ -30,7 +30,8 @@ struct LinearArgs {
   const float* xe = nullptr;
   const float* xo = nullptr;
   int64_t ldh = 0;
-  // wint4 on bf16 activations: pairs [M, K/2] from wint4_bf16_prepare_avx512
+  // wint4 / wint8 on bf16 activations: pairs [M, K/2] from wint4_bf16_prepare_avx512 /
+  // wint8_bf16_prepare_avx512
   const uint32_t* xb = nullptr;
   const void* w = nullptr;        // qweight
   const float* scales = nullptr;  // [N] or [N, groups]
@@ -77,6 +78,22 @@ bool amx_available();
 // under 2^-126 in magnitude counts as 0.
 void wint4_bf16_prepare_avx512(const float* x, int64_t M, int64_t K, uint32_t* xb, int threads);
 void wint4_words_bf16_avx512(const LinearArgs& a);
+
+// wint8 against bf16 activations (kernels_int8_bf16.cc; needs avx512_bf16).
+// wint8_bf16_prepare_avx512 rounds x [M, K] (K even) to bf16 (RNE) into
+// xb [M, K/2] in input order (dword p = bf16(x[2p]) | bf16(x[2p+1]) << 16);
+// the kernels then compute out = scale[n] * sum_k q[n, k] * bf16(x[m, k]),
+// the products exact and summed in fp32 in one order per (row, channel),
+// whatever M or the tile (a.xb = xb; a.x unused; denormal activations read
+// as 0, as vdpbf16ps does):
+//   wint8_pairs_bf16_avx512: the packed pairs layout (fd_x86.linear's
+//     "wint8_pairs"): int8 [N32][K/2][64], per input pair 64 bytes, block b's
+//     channel c at 32b + 2c (input 2p) and 32b + 2c + 1; scales [N]; K even.
+//   wint8_contract_bf16_avx512: the contract layout int8 [N, K] in place
+//     (the MoE experts'); K % 32 == 0.
+void wint8_bf16_prepare_avx512(const float* x, int64_t M, int64_t K, uint32_t* xb, int threads);
+void wint8_pairs_bf16_avx512(const LinearArgs& a);
+void wint8_contract_bf16_avx512(const LinearArgs& a);
 
 void wint8_avx2(const LinearArgs& a);
 void wint4_avx2(const LinearArgs& a);

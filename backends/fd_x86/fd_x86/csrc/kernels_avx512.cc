@@ -13,20 +13,6 @@ namespace {
 
 using fdx86::LinearArgs;
 
-// [sum(a), sum(b), sum(c), sum(d)]
-inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  // per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3), same for c, d
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
-  // per lane: (a, b, c, d) partial sums
-  const __m512 abcd = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
-                                    _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));
-  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd),
-                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
-  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
-}
-
 inline __m128i hsum4(__m512i a, __m512i b, __m512i c, __m512i d) {
   const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
   const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));

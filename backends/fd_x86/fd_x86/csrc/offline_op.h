@@ -14,8 +14,10 @@ namespace fdx86 {
 // wint4 (1) and w8a8 (2). w4a8 (5) reads wint4's contract layout (the MoE
 // ops' Stacked checks it as wint4's) and runs w4a8_linear below. wint4 on bf16
 // activations (6: a model whose activations are bf16) reads wint4's layout too
-// and runs wint4_lut_bf16_avx512 (moe_kernels.h) where it can.
-constexpr int kMoeW4a8Static = 3, kMoeWint2 = 4, kMoeW4a8 = 5, kMoeWint4Bf16 = 6;
+// and runs wint4_lut_bf16_avx512 (moe_kernels.h) where it can; wint8 on bf16
+// activations (7) reads wint8's layout and runs wint8_contract_bf16_avx512
+// (kernels.h) where it can.
+constexpr int kMoeW4a8Static = 3, kMoeWint2 = 4, kMoeW4a8 = 5, kMoeWint4Bf16 = 6, kMoeWint8Bf16 = 7;
 
 inline bool moe_offline_method(int method) { return method == kMoeW4a8Static || method == kMoeWint2; }
 

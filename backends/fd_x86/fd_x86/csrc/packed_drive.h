@@ -65,6 +65,21 @@ void drive_packed(const LinearArgs& a) {
   }
 }
 
+// [sum(a), sum(b), sum(c), sum(d)]: each vector's lanes summed in one tree, whatever its
+// position or its companions (their lanes are only packed beside its own)
+inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3), same for c, d
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
+  // per lane: (a, b, c, d) partial sums
+  const __m512 abcd = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)),
+                                    _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
 // y[m + i, 16 (nb0 + j) ...] = v, masked at N
 inline void store16(const LinearArgs& a, int64_t row, int64_t block, __m512 v) {
   const int64_t n = block * 16;

@@ -32,6 +32,10 @@ constexpr int kBlockFp8Method = 8;
 // activations rounded to bf16 (wint4_words_bf16_avx512; avx512_bf16): for a
 // model whose activations are bf16 (fd_x86.linear, FD_X86_INT4_BF16).
 constexpr int kWint4Bf16Act = 9;
+// 10 = wint8 in the packed pairs layout (fd_x86.linear.pack_weight's
+// "wint8_pairs": int8 [N32][K/2][64], K even) against the activations rounded
+// to bf16 (wint8_pairs_bf16_avx512; avx512_bf16), at every row count.
+constexpr int kWint8Bf16Act = 10;
 LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t K, const paddle::Tensor& packed,
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads);
 

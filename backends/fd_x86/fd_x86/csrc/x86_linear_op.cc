@@ -98,7 +98,7 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads) {
   PD_CHECK(packed.is_cpu() && scales.is_cpu(), op, ": the packed weight and scales must be on the CPU");
   PD_CHECK(packed.is_contiguous() && scales.is_contiguous(), op, ": packed and scales must be contiguous");
-  PD_CHECK(method >= 0 && method <= kWint4Bf16Act, op, ": method must be 0 to ", kWint4Bf16Act, ", got ", method);
+  PD_CHECK(method >= 0 && method <= kWint8Bf16Act, op, ": method must be 0 to ", kWint8Bf16Act, ", got ", method);
   LinearArgs a;
   a.M = M;
   a.K = K;
@@ -132,7 +132,8 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
   a.scales = scales.data<float>();
   const int64_t n16 = round_up(a.N, 16);
   int64_t want = round_up(a.N, 32) * a.K;  // wint8: [N32][K][32]
-  if (method == kWint4Bf16Act) PD_CHECK(dense16_has_bf16_dot(), op, ": method ", kWint4Bf16Act, " needs avx512_bf16");
+  if (method == kWint4Bf16Act || method == kWint8Bf16Act)
+    PD_CHECK(dense16_has_bf16_dot(), op, ": method ", method, " needs avx512_bf16");
   if (method == 1 || method == kWint4Int8Act || method == kWint4Bf16Act) {
     PD_CHECK(a.K % 2 == 0, op, ": wint4 needs an even K");
     a.group_size = group_size <= 0 ? a.K : group_size;
@@ -146,6 +147,10 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
              " values, got ", scales.numel());
   } else {
     if (method == 2) want = n16 * round_up(a.K, 4);
+    if (method == kWint8Bf16Act) {
+      PD_CHECK(packed.dtype() == paddle::DataType::INT8, op, ": a wint8 weight must be int8");
+      PD_CHECK(a.K % 2 == 0, op, ": method ", method, " (wint8 pairs) needs an even K, got ", a.K);
+    }
     if (method == 3 || method == kWint8Int8Act) {
       PD_CHECK(packed.dtype() == paddle::DataType::INT8, op, ": a wint8 weight must be int8");
       want = a.N * a.K;
@@ -198,6 +203,12 @@ void run_packed_linear(LinearArgs a, int method) {
     wint4_bf16_prepare_avx512(a.x, a.M, a.K, xb.data(), a.threads);
     a.xb = xb.data();
     wint4_words_bf16_avx512(a);
+  } else if (method == kWint8Bf16Act) {
+    static thread_local std::vector<uint32_t> xb;
+    xb.resize(a.M * a.K / 2);
+    wint8_bf16_prepare_avx512(a.x, a.M, a.K, xb.data(), a.threads);
+    a.xb = xb.data();
+    wint8_pairs_bf16_avx512(a);
   } else if (method == kWint8Int8Act) {
     a.ldq = round_up(a.K, 64);
     std::vector<int8_t> xq(a.M * a.ldq);

@@ -74,8 +74,9 @@ void fdx86::moe_layer_check(const char* op, int64_t D, const MoeLayerArgs& a) {
            " experts, up_gate qweight ", a.up_qweight->shape().empty() ? 0 : a.up_qweight->shape()[0]);
   if (a.has_shared)
     PD_CHECK((a.shared_method >= 0 && a.shared_method <= 2) || a.shared_method == fdx86::kMoeW4a8 ||
-                 a.shared_method == fdx86::kMoeWint4Bf16, op,
-             ": shared_method must be 0 (wint8), 1 (wint4), 2 (w8a8), 5 (w4a8) or 6 (wint4, bf16 activations), got ",
+                 a.shared_method == fdx86::kMoeWint4Bf16 || a.shared_method == fdx86::kMoeWint8Bf16, op,
+             ": shared_method must be 0 (wint8), 1 (wint4), 2 (w8a8), 5 (w4a8), 6 (wint4, bf16 activations) or 7 "
+             "(wint8, bf16 activations), got ",
              a.shared_method);
   fdx86::moe_use_avx512(a.isa);  // its checks (isa 0 / 1 / 2, the CPU has it)
   const fdx86::MoeSharedArgs shared = shared_args(a);

@@ -12,7 +12,8 @@
 //     reference's order), so each selected expert's weights are read once per
 //     call; each expert's two linears run the per-ISA contract-layout kernels
 //     (kernels.h), threads split over each linear's output channels. Attributes:
-//     method (0 wint8, 1 wint4, 2 w8a8, 3 w4a8_static, 4 wint2, 5 w4a8, 6 wint4 on bf16 activations),
+//     method (0 wint8, 1 wint4, 2 w8a8, 3 w4a8_static, 4 wint2, 5 w4a8, 6 wint4 on bf16 activations,
+//     7 wint8 on bf16 activations),
 //     up_group / down_group (wint4's and w4a8's group size, -1 = K), isa (0 auto, 1 AVX2, 2 AVX-512), threads.
 //     6 (a model whose activations are bf16) runs wint4_lut_bf16_avx512 on avx512_bf16 CPUs where K
 //     and the group are multiples of 128 and the group divides K, and wint4's kernels (fp32
@@ -53,10 +54,14 @@
 
 namespace {
 
-constexpr int kWint8 = 0, kWint4 = 1, kW8a8 = 2, kW4a8 = fdx86::kMoeW4a8, kWint4Bf16 = fdx86::kMoeWint4Bf16;
+constexpr int kWint8 = 0, kWint4 = 1, kW8a8 = 2, kW4a8 = fdx86::kMoeW4a8, kWint4Bf16 = fdx86::kMoeWint4Bf16,
+              kWint8Bf16 = fdx86::kMoeWint8Bf16;
 
-// the methods whose weights are the contract layouts (wint4's for w4a8 and wint4 on bf16), shared experts included
-bool contract_method(int m) { return m == kWint8 || m == kWint4 || m == kW8a8 || m == kW4a8 || m == kWint4Bf16; }
+// the methods whose weights are the contract layouts (wint4's for w4a8 and wint4 on bf16, wint8's for wint8 on
+// bf16), shared experts included
+bool contract_method(int m) {
+  return m == kWint8 || m == kWint4 || m == kW8a8 || m == kW4a8 || m == kWint4Bf16 || m == kWint8Bf16;
+}
 
 }  // namespace
 
@@ -181,8 +186,18 @@ void expert_linear(const Stacked& s, int64_t e, const float* x, int64_t M, float
                           &scratch->xq, &scratch->xsum, &scratch->xe);
     return;
   }
-  if (method == kWint8 && avx512 && scratch->int8_act) {
+  if ((method == kWint8 || method == kWint8Bf16) && avx512 && scratch->int8_act) {
     method = kW8a8;  // opt-in: int8 activations on the same weight (wint8 and w8a8 share the format)
+  }
+  if (method == kWint8Bf16) {
+    if (avx512 && s.K % 32 == 0 && fdx86::dense16_has_bf16_dot()) {
+      scratch->xb.resize(M * s.K / 2);
+      fdx86::wint8_bf16_prepare_avx512(x, M, s.K, scratch->xb.data(), threads);
+      a.xb = scratch->xb.data();
+      fdx86::wint8_contract_bf16_avx512(a);
+      return;
+    }
+    method = kWint8;  // no bf16 kernel for this weight or CPU: wint8's, on the fp32 activations
   }
   if (method == kWint8) {
     if (avx512) fdx86::wint8_avx512(a); else fdx86::wint8_avx2(a);
@@ -361,7 +376,8 @@ Experts checked_experts(int64_t D, const paddle::Tensor& up_qweight, const paddl
                         int up_group, int down_group, const fdx86::MoeSharedArgs* shared) {
   const char* op = "fd_x86_moe_experts";
   PD_CHECK(contract_method(method) || fdx86::moe_offline_method(method), op,
-           ": method must be 0 (wint8), 1 (wint4), 2 (w8a8), 3 (w4a8_static), 4 (wint2), 5 (w4a8) or 6 (wint4, bf16 activations), got ", method);
+           ": method must be 0 (wint8), 1 (wint4), 2 (w8a8), 3 (w4a8_static), 4 (wint2), 5 (w4a8), 6 (wint4, bf16 "
+           "activations) or 7 (wint8, bf16 activations), got ", method);
   // checked here, not only in the kernels' callers: the few-token path runs them inside an OpenMP
   // region, which an exception cannot leave (the process would abort instead of raising)
   PD_CHECK(!(method == kW4a8 || (shared != nullptr && shared->method == kW4a8) || fdx86::moe_offline_method(method)) ||
@@ -513,7 +529,8 @@ std::vector<paddle::Tensor> MoeExpertsShared(
     const paddle::Tensor& shared_down_qweight, const paddle::Tensor& shared_down_scales, int method, int up_group,
     int down_group, int shared_method, int shared_up_group, int shared_down_group, int isa, int threads) {
   PD_CHECK(contract_method(shared_method),
-           "fd_x86_moe_experts_shared: shared_method must be 0 (wint8), 1 (wint4), 2 (w8a8), 5 (w4a8) or 6 (wint4, bf16 activations), got ",
+           "fd_x86_moe_experts_shared: shared_method must be 0 (wint8), 1 (wint4), 2 (w8a8), 5 (w4a8), 6 (wint4, bf16 "
+           "activations) or 7 (wint8, bf16 activations), got ",
            shared_method);
   fdx86::MoeSharedArgs shared;
   shared.method = shared_method;

@@ -1,0 +1,327 @@
+"""wint8 on bf16 activations (``csrc/kernels_int8_bf16.cc``): ``fd_x86_packed_linear`` method 10 on
+the pairs layout for the linears, and MoE method code 7 on the experts' contract layout, for a model
+whose activations are bf16 (``QuantizedWeight.act_dtype``). An int8 code and a bf16 activation
+multiply exactly in fp32, so both kernels must equal the float64 dot products of the bf16-rounded
+activations to fp32 summation error. Each output sums its products in one order at every row count,
+so a row's bits must not depend on how many rows the call had."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+from fd_x86.cpu import AVX512_BF16_FLAG, AVX512_VNNI_FLAGS, cpu_features
+
+from fd_core.layers.param import _fp32_to_bf16
+from fd_core.ops.linear import QuantizedWeight
+
+paddle = pytest.importorskip("paddle")
+pytestmark = [
+    pytest.mark.skipif(not cpu_features().has(*AVX512_VNNI_FLAGS, AVX512_BF16_FLAG),
+                       reason="no AVX-512 VNNI + BF16 on this CPU"),
+    pytest.mark.usefixtures("fused_switches_unset"),
+]
+BF16_METHOD, PACKED_FP32, CONTRACT_FP32 = 10, 0, 3
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to bf16 (nearest even) as fp32."""
+    return (_fp32_to_bf16(x).astype(np.uint32) << 16).view(np.float32)
+
+
+def _weight(rng: np.random.Generator, n: int, k: int, act_dtype: str = "bfloat16",
+            scales: np.ndarray | None = None) -> tuple[QuantizedWeight, np.ndarray]:
+    """A random wint8 weight (codes over the whole int8 range) and its values ``[n, k]`` in float64."""
+    codes = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    if scales is None:
+        scales = (rng.random(n) * 0.02 + 0.001).astype(np.float32)
+    quant = QuantizedWeight("wint8", paddle.to_tensor(codes), paddle.to_tensor(scales), k, n, -1, act_dtype)
+    return quant, codes.astype(np.float64) * scales.astype(np.float64)[:, None]
+
+
+def _run(x: np.ndarray, quant: QuantizedWeight, method: int = BF16_METHOD, threads: int = 2) -> np.ndarray:
+    from fd_x86.build import load_ops
+    from fd_x86.linear import _packed
+
+    if method == CONTRACT_FP32:
+        w, s = quant.qweight, quant.scales
+    else:
+        packed = _packed(quant, "wint8_pairs" if method == BF16_METHOD else None)
+        assert packed is not None
+        w, s = packed
+    return load_ops().fd_x86_packed_linear(paddle.to_tensor(x), w, s, method, quant.out_features, -1,
+                                           threads).numpy()
+
+
+def test_the_pairs_layout() -> None:
+    """Per input pair of a work item 64 bytes: block b's channel c at 32 b + 2 c and 32 b + 2 c + 1."""
+    from fd_x86.linear import pack_weight
+
+    q = np.arange(40 * 6).reshape(40, 6).astype(np.int8)
+    w, s = pack_weight("wint8_pairs", q, np.ones(40, np.float32))
+    assert w.shape == (2, 3, 64) and w.dtype == np.int8  # 40 channels -> 2 work items of 32, padded
+    for n in range(64):
+        for k in range(6):
+            item, b, c = n // 32, (n % 32) // 16, n % 16
+            assert w[item, k // 2, 32 * b + 2 * c + k % 2] == (q[n, k] if n < 40 else 0)
+    with pytest.raises(ValueError, match="even K, got 5"):
+        pack_weight("wint8_pairs", q[:, :5], np.ones(40, np.float32))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 12, 13, 16, 17, 70])
+def test_the_kernel_is_the_bf16_activations_dot_product(rows: int, threads: int) -> None:
+    rng = np.random.default_rng(rows * 31 + threads)
+    n, k = 37, 138  # an N tail (a work item with one block, the last short) and K % 16 == 10
+    quant, deq = _weight(rng, n, k)
+    x = rng.normal(0, 1, (rows, k)).astype(np.float32) * np.float32(3.0)
+    got = _run(x, quant, threads=threads)
+    xb = _bf16(x).astype(np.float64)
+    want, size = xb @ deq.T, np.abs(xb) @ np.abs(deq).T
+    assert got.shape == (rows, n)
+    assert np.all(np.abs(got - want) <= 1e-6 * size + 1e-30), np.abs(got - want).max()
+    # the fp32 kernels differ by the activations' rounding, by far more than that
+    for fp32 in (PACKED_FP32, CONTRACT_FP32):
+        assert np.abs(_run(x, quant, fp32, threads) - want).max() > 100 * np.abs(got - want).max()
+
+
+def test_a_rows_bits_do_not_depend_on_the_calls_rows() -> None:
+    """Row tiles of 1-12 rows, and from 16 rows the panel of converted codes: every row's output
+    equals its one-row call bit for bit (work items wider than one, several row chunks)."""
+    rng = np.random.default_rng(9)
+    quant, _ = _weight(rng, 100, 512)
+    x = rng.normal(0, 1, (75, 512)).astype(np.float32)
+    alone = np.concatenate([_run(x[i:i + 1], quant) for i in range(75)])
+    for rows in (2, 7, 12, 16, 29, 64, 75):
+        np.testing.assert_array_equal(_run(x[:rows], quant), alone[:rows])
+
+
+def test_the_activations_round_to_nearest_even() -> None:
+    """One channel with one code 1 at scale 1: the output is the activation as the kernel rounded it.
+    A denormal activation counts as zero (``vdpbf16ps`` reads its inputs denormals-are-zero)."""
+    k = 32
+    codes = np.zeros((1, k), np.int8)
+    codes[0, 5] = 1
+    quant = QuantizedWeight("wint8", paddle.to_tensor(codes), paddle.to_tensor(np.ones(1, np.float32)), k, 1, -1,
+                            "bfloat16")
+    one = np.float32(1.0)
+    ulp = np.float32(2.0**-7)  # bf16's spacing at 1
+    cases = [one + ulp / 2, one + ulp * 1.5, one + ulp / 2 + np.float32(2.0**-20), np.float32(1e-40),
+             -(one + ulp / 2)]
+    want = [one, one + 2 * ulp, one + ulp, 0.0, -one]
+    for value, expected in zip(cases, want):
+        x = np.zeros((1, k), np.float32)
+        x[0, 5] = value
+        assert _run(x, quant)[0, 0] == np.float32(expected), (value, expected)
+
+
+def test_integer_activations_give_the_fp32_kernels_bits() -> None:
+    """Small integers and power-of-two scales are exact either way: method 10 equals methods 0 and 3."""
+    rng = np.random.default_rng(3)
+    n, k = 40, 64
+    scales = np.ldexp(np.ones(n, np.float32), rng.integers(-3, 3, n)).astype(np.float32)
+    quant, _ = _weight(rng, n, k, scales=scales)
+    x = rng.integers(-16, 17, (9, k)).astype(np.float32)
+    np.testing.assert_array_equal(_run(x, quant), _run(x, quant, PACKED_FP32))
+    np.testing.assert_array_equal(_run(x, quant), _run(x, quant, CONTRACT_FP32))
+
+
+def test_an_odd_k_is_refused_by_name() -> None:
+    from fd_x86.build import load_ops
+    from fd_x86.linear import quantized_linear, wint8_bf16
+
+    rng = np.random.default_rng(5)
+    quant, deq = _weight(rng, 16, 13)
+    x = rng.normal(0, 1, (2, 13)).astype(np.float32)
+    w = paddle.to_tensor(np.zeros(32 * 13, np.int8))
+    with pytest.raises(Exception, match="method 10 .wint8 pairs. needs an even K, got 13"):
+        load_ops().fd_x86_packed_linear(paddle.to_tensor(x), w, quant.scales, BF16_METHOD, 16, -1, 1)
+    assert not wint8_bf16(quant)  # quantized_linear keeps the fp32 kernels
+    np.testing.assert_allclose(quantized_linear(paddle.to_tensor(x), quant).numpy(), x @ deq.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 9])  # 9: past wint8's packed-kernel rows (7), where the contract one ran
+def test_quantized_linear_takes_it_for_bf16_activations(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fd_x86.linear import quantized_linear
+
+    rng = np.random.default_rng(4)
+    quant, _ = _weight(rng, 48, 128)
+    fp32_model, _ = _weight(np.random.default_rng(4), 48, 128, act_dtype="float32")
+    x = rng.normal(0, 1, (rows, 128)).astype(np.float32)
+    fp32 = PACKED_FP32 if rows <= 7 else CONTRACT_FP32
+    bf16_out, fp32_out = _run(x, quant), _run(x, quant, fp32)
+    np.testing.assert_array_equal(quantized_linear(paddle.to_tensor(x), quant).numpy(), bf16_out)
+    np.testing.assert_array_equal(quantized_linear(paddle.to_tensor(x), fp32_model).numpy(), fp32_out)
+    monkeypatch.setenv("FD_X86_INT8_BF16", "0")  # the switch: the fp32 kernels
+    np.testing.assert_array_equal(quantized_linear(paddle.to_tensor(x), quant).numpy(), fp32_out)
+    monkeypatch.delenv("FD_X86_INT8_BF16")
+    np.testing.assert_array_equal(quantized_linear(paddle.to_tensor(x), quant).numpy(), bf16_out)
+
+
+# ------------------------------------------------------------ the fused run
+
+
+def _layer(act_dtype: str) -> Any:
+    from fd_core.ops.decoder import DecoderLayerWeights
+    from fd_core.quantization import quantize_weight
+
+    hidden, inter, heads, kv_heads, head_dim = 128, 256, 2, 1, 64
+    rng = np.random.default_rng(zlib.crc32(act_dtype.encode()))
+
+    def weight(d_in: int, d_out: int) -> Any:
+        q = quantize_weight("wint8", (rng.normal(0, 1, (d_in, d_out)) / np.sqrt(d_in)).astype(np.float32))
+        q.act_dtype = act_dtype
+        return q
+
+    return DecoderLayerWeights(
+        input_norm=paddle.to_tensor(rng.normal(1, 0.1, hidden).astype(np.float32)),
+        post_norm=paddle.to_tensor(rng.normal(1, 0.1, hidden).astype(np.float32)), eps=1e-6,
+        qkv=weight(hidden, (heads + 2 * kv_heads) * head_dim), o=weight(heads * head_dim, hidden),
+        up_gate=weight(hidden, 2 * inter), down=weight(inter, hidden),
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, scale=head_dim**-0.5, interleaved_rope=True)
+
+
+@pytest.mark.parametrize("act_dtype,method", [("bfloat16", BF16_METHOD), ("float32", PACKED_FP32)])
+def test_the_fused_run_picks_the_kernel_fd_linear_picks(x86_ops: Any, act_dtype: str, method: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import fd_x86.layer as fused
+
+    from fd_core.ops.attention import AttentionMetadata
+    from fd_core.ops.decoder import compose_decoder_layer
+    from fd_core.ops.rope import rope_cos_sin
+
+    layer = _layer(act_dtype)
+    rng = np.random.default_rng(7)
+    batch, block, blocks = 3, 16, 12
+    seq_lens = [40, 17, 33]
+    tables = [[0, 1, 2], [3, 4], [5, 6, 7]]
+    cos_sin = rope_cos_sin(64, 256, 10000.0)
+    k0 = rng.normal(0, 1, (blocks * block, 1, 64)).astype(np.float32)
+    v0 = rng.normal(0, 1, (blocks * block, 1, 64)).astype(np.float32)
+    hidden = rng.normal(0, 1, (batch, 128)).astype(np.float32)
+
+    def run(compose: bool) -> tuple[np.ndarray, ...]:
+        meta = AttentionMetadata.build([1] * batch, seq_lens, tables, block, batch)
+        k, v = paddle.to_tensor(k0.copy()), paddle.to_tensor(v0.copy())
+        if compose:
+            out = compose_decoder_layer(x86_ops, layer, paddle.to_tensor(hidden), None, cos_sin, meta, k, v)
+        else:
+            out = fused.decoder_layers([layer], paddle.to_tensor(hidden), None, cos_sin, meta, [k], [v])
+            assert out is not None
+        return out[0].numpy(), out[1].numpy(), k.numpy(), v.numpy()
+
+    got, want = run(False), run(True)
+    runs = [entry[1] for _, models in fused._MODELS.items() for entry in models[1].runs.values()]
+    assert any(r is not None and r[6] == [method] * 4 for r in runs)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)
+    monkeypatch.setenv("FD_X86_INT8_BF16", "0")  # the switch is part of the run's key: a new run, method 0
+    run(False)
+    runs = [entry[1] for _, models in fused._MODELS.items() for entry in models[1].runs.values()]
+    assert any(r is not None and r[6] == [PACKED_FP32] * 4 for r in runs)
+
+
+# ------------------------------------------------------------ routed and shared experts
+
+E, D, INTER = 8, 256, 96  # up_gate K = 256, down K = 96: multiples of 32
+
+
+def _ffn(x: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    """down(silu(gate) * up) with both linears' inputs rounded to bf16 (float64 otherwise)."""
+    h = _bf16(x.astype(np.float32)).astype(np.float64) @ up
+    gate, upv = h[:, :h.shape[1] // 2], h[:, h.shape[1] // 2:]
+    act = gate / (1 + np.exp(-gate)) * upv
+    return _bf16(act.astype(np.float32)).astype(np.float64) @ down
+
+
+def _deq(q: QuantizedWeight) -> np.ndarray:
+    """A wint8 weight's values ``[..., in, out]`` in float64."""
+    return np.swapaxes(q.qweight.numpy().astype(np.float64) * q.scales.numpy().astype(np.float64)[..., None], -1, -2)
+
+
+def _experts(seed: int, act_dtype: str, d: int = D, inter: int = INTER) -> tuple[QuantizedWeight, QuantizedWeight]:
+    rng = np.random.default_rng(seed)
+
+    def stack(d_in: int, d_out: int) -> QuantizedWeight:
+        codes = rng.integers(-127, 128, (E, d_out, d_in)).astype(np.int8)
+        scales = (rng.random((E, d_out)) * 0.002 + 0.0002).astype(np.float32)
+        return QuantizedWeight("wint8", paddle.to_tensor(codes), paddle.to_tensor(scales), d_in, d_out, -1, act_dtype)
+
+    return stack(d, 2 * inter), stack(inter, d)
+
+
+def _shared_expert(seed: int, act_dtype: str) -> tuple[QuantizedWeight, QuantizedWeight]:
+    up, down = _experts(seed, act_dtype)
+    return up.expert(0), down.expert(0)
+
+
+def _routing(rng: np.random.Generator, tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.stack([rng.permutation(E)[:2] for _ in range(tokens)]).astype(np.int64)
+    return ids, rng.random((tokens, 2)).astype(np.float32)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 33])  # 1 and 3: the few-token region; 33 the per-expert loop (a panel)
+def test_routed_and_shared_experts_on_bf16_activations(tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fd_x86.moe
+
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    rng = np.random.default_rng(tokens)
+    quant, shared = _experts(tokens, "bfloat16"), _shared_expert(tokens + 100, "bfloat16")
+    x = rng.standard_normal((tokens, D)).astype(np.float32)
+    ids, weights = _routing(rng, tokens)
+    up, down = _deq(quant[0]), _deq(quant[1])
+    want = np.zeros((tokens, D))
+    for t in range(tokens):
+        for j in range(2):
+            want[t] += weights[t, j] * _ffn(x[t:t + 1], up[ids[t, j]], down[ids[t, j]])[0]
+    args = (paddle.to_tensor(x), paddle.to_tensor(weights), paddle.to_tensor(ids))
+    routed = fd_x86.moe.moe_experts(*args, quant).numpy()
+    np.testing.assert_allclose(routed, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+    both = fd_x86.moe.moe_layer_experts(*args, quant, *shared).numpy()
+    want += _ffn(x, _deq(shared[0]), _deq(shared[1]))
+    np.testing.assert_allclose(both, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+    # the switch, or float32 activations: wint8's fp32 kernels, which differ by the rounding
+    monkeypatch.setenv("FD_X86_INT8_BF16", "0")
+    off = fd_x86.moe.moe_experts(*args, quant).numpy()
+    monkeypatch.delenv("FD_X86_INT8_BF16")
+    plain = fd_x86.moe.moe_experts(*args, _experts(tokens, "float32")).numpy()
+    np.testing.assert_array_equal(off, plain)
+    assert np.abs(off - routed).max() > 1e-4 * np.abs(want).max()
+
+
+def test_an_experts_bits_do_not_depend_on_its_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every token through experts 2 and 5: 1 token, 3 (the few-token region's channel slices) and 40
+    (the per-expert loop, its panel) give each token the same bits."""
+    import fd_x86.moe
+
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    rng = np.random.default_rng(21)
+    quant = _experts(21, "bfloat16")
+    x = rng.standard_normal((40, D)).astype(np.float32)
+    ids = np.tile(np.array([[2, 5]], np.int64), (40, 1))
+    weights = np.tile(np.array([[0.75, 0.25]], np.float32), (40, 1))
+
+    def run(rows: slice) -> np.ndarray:
+        return fd_x86.moe.moe_experts(paddle.to_tensor(x[rows]), paddle.to_tensor(weights[rows]),
+                                      paddle.to_tensor(ids[rows]), quant).numpy()
+
+    full = run(slice(0, 40))
+    np.testing.assert_array_equal(run(slice(0, 3)), full[:3])
+    for t in (0, 17, 39):
+        np.testing.assert_array_equal(run(slice(t, t + 1)), full[t:t + 1])
+
+
+def test_experts_the_bf16_kernel_cannot_take_run_wint8s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """K not a multiple of 32 (hidden 200, width 100): the op runs wint8's kernels on the fp32 activations."""
+    import fd_x86.moe
+
+    monkeypatch.delenv("FD_X86_MOE_NATIVE", raising=False)
+    rng = np.random.default_rng(11)
+    x = paddle.to_tensor(rng.standard_normal((3, 200)).astype(np.float32))
+    ids = paddle.to_tensor(np.array([[0, 5], [5, 2], [7, 1]], np.int64))
+    weights = paddle.to_tensor(rng.random((3, 2)).astype(np.float32))
+    bf16 = fd_x86.moe.moe_experts(x, weights, ids, _experts(1, "bfloat16", d=200, inter=100)).numpy()
+    fp32 = fd_x86.moe.moe_experts(x, weights, ids, _experts(1, "float32", d=200, inter=100)).numpy()
+    np.testing.assert_array_equal(bf16, fp32)
