@@ -17,7 +17,8 @@ may be bf16/fp16 under ``--dtype``: upcast once, cached with the run), over
 KV caches of any ``--kv-cache-dtype`` the native KV ops read (fp32; bf16,
 fp16, int8 and fp8 on AVX-512: ``fd_x86.ops._kv_parts``), with the kernel
 ``fd_x86.linear`` would pick (the packed one; for wint8 above
-``WINT8_PACKED_MAX_ROWS`` rows the contract layout's), when the layers share
+``WINT8_PACKED_MAX_ROWS`` rows the contract layout's; for wint4 / wint8 in a
+bf16 model the bf16-activation kernels at every row count), when the layers share
 their shape (heads, eps, scale, rotary layout) and have no q/k norms or
 biases (the op has none; Qwen3's layers compose); anything else returns
 None and the separate ops run layer by layer (``fd_core.ops.decoder``).

@@ -84,9 +84,17 @@ def test_amx_harness_bit_exact(tmp_path: Path) -> None:
     assert "PASSED" in proc.stdout and "amx vs vnni bit-exact" in proc.stdout
 
 
-def test_listing_reports_the_int4_bf16_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_listing_reports_the_bf16_activation_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    def line() -> str:
+        return choose_kernels(CpuFeatures("test", AVX512 | {"avx512_bf16"})).summary[3]
+
     monkeypatch.delenv("FD_X86_INT4_BF16", raising=False)
-    assert "vdpbf16ps" in choose_kernels(CpuFeatures("test", AVX512 | {"avx512_bf16"})).summary[3]
+    monkeypatch.delenv("FD_X86_INT8_BF16", raising=False)
+    assert line().startswith("wint4/wint8 on bf16 activations") and "vdpbf16ps" in line()
     assert "no avx512_bf16 on this CPU" in choose_kernels(CpuFeatures("test", AVX512)).summary[3]
     monkeypatch.setenv("FD_X86_INT4_BF16", "0")
-    assert "off (FD_X86_INT4_BF16=0)" in choose_kernels(CpuFeatures("test", AVX512 | {"avx512_bf16"})).summary[3]
+    assert line().startswith("wint8 on bf16") and "wint4: off (FD_X86_INT4_BF16=0)" in line()
+    monkeypatch.setenv("FD_X86_INT8_BF16", "0")
+    assert "off (FD_X86_INT4_BF16=0, FD_X86_INT8_BF16=0)" in line() and "vdpbf16ps" not in line()
+    monkeypatch.delenv("FD_X86_INT4_BF16")
+    assert line().startswith("wint4 on bf16") and "wint8: off (FD_X86_INT8_BF16=0)" in line()

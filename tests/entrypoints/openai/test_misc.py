@@ -135,7 +135,7 @@ async def test_config_info_shows_the_effective_configuration_with_secrets_masked
     from fd_core.config import EngineArgs
     from fd_core.entrypoints.openai.serving_misc import config_info
 
-    monkeypatch.setenv("FD_API_KEY", "k1,k2")
+    monkeypatch.setenv("FD_API_KEY", "env-secret-1,env-secret-2")  # values nothing else in the body can hold
     monkeypatch.setenv("FD_SAMPLING_CLASS", "rejection")
     envs.reset()
     app = build_app(engine_client, ServerArgs(served_model_names=(MODEL,)))
@@ -159,7 +159,7 @@ async def test_config_info_shows_the_effective_configuration_with_secrets_masked
     assert server["api_keys"] == ["***", "***"] and server["scheduler_password"] == "***"
     assert server["port"] == 8180 and server["max_concurrency"] == 512
     assert server["redis_url"] == "redis://***@host:6379"
-    assert "secret-1" not in str(body) and "k1" not in str(body)
+    assert "secret-1" not in str(body) and "env-secret" not in str(body)
     envs.reset()
 
 

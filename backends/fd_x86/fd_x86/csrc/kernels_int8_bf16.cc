@@ -24,7 +24,6 @@
 
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
 
-#include "moe_kernels.h"
 #include "packed_drive.h"
 #include "tiling.h"
 
@@ -45,11 +44,13 @@ struct PanelBuffer {
   void* p = nullptr;
   size_t bytes = 0;
   ~PanelBuffer() { std::free(p); }
+  // null when the memory cannot be had: the kernels then convert in the tiles (the same bits)
   uint16_t* get(size_t need) {
     if (need > bytes) {
       std::free(p);
-      bytes = (need + 4095) / 4096 * 4096;
-      p = std::aligned_alloc(64, bytes);
+      const size_t want = (need + 4095) / 4096 * 4096;
+      p = std::aligned_alloc(64, want);
+      bytes = p != nullptr ? want : 0;
     }
     return static_cast<uint16_t*>(p);
   }
@@ -272,12 +273,13 @@ void wint8_pairs_bf16_avx512(const LinearArgs& a) {
 #pragma omp parallel for schedule(static) num_threads(a.threads) if (parallel)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t nb0 = c * kBlocks, nb = min64(kBlocks, blocks - nb0);
-    if (a.M < kPanelRows) {
+    // many rows: each stream's codes converted once into the panel, then every row chunk reads it
+    uint16_t* panel =
+        a.M < kPanelRows ? nullptr : tl_panel.get(static_cast<size_t>(a.K / 2) * 2 * 32 * sizeof(uint16_t));
+    if (panel == nullptr) {
       pairs_item(a, 0, a.M, nb0, nb);
       continue;
     }
-    // many rows: each stream's codes converted once into the panel, then every row chunk reads it
-    uint16_t* panel = tl_panel.get(static_cast<size_t>(a.K / 2) * 2 * 32 * sizeof(uint16_t));
     for (int64_t h = 0; h < nb; h += 2) {
       const int64_t hb = min64(2, nb - h);
       Wint8PairsBf16::fill_panel(a, nb0 + h, hb, panel);

@@ -1,6 +1,6 @@
 // The work split of the packed-layout kernels (kernels_avx512.cc's layouts,
 // blocks of 16 output channels), shared by the AVX-512 TUs that run them
-// (kernels_avx512.cc, kernels_int4_bf16.cc), and the word layout's int4 tile
+// (kernels_avx512.cc, kernels_int4_bf16.cc, kernels_int8_bf16.cc), and the word layout's int4 tile
 // both run with their own inner step. Included *after* the TU's
 // `#pragma GCC target` and tiling.h, so it is compiled for that ISA;
 // internal linkage only (see kernels.h).

@@ -162,6 +162,16 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
   return a;
 }
 
+// The calling thread's buffer for the bf16 activation pairs of methods 9 / 10, n dwords: kept
+// between calls (a decode step makes ~70 of them), given back when a call needs under a quarter
+// of what a long prefill left it holding (over 16 MiB), so one prefill does not pin its size.
+static uint32_t* pairs_buffer(size_t n) {
+  static thread_local std::vector<uint32_t> xb;
+  if (xb.capacity() > (size_t(16) << 20) / sizeof(uint32_t) && n < xb.capacity() / 4) std::vector<uint32_t>().swap(xb);
+  xb.resize(n);
+  return xb.data();
+}
+
 void run_packed_linear(LinearArgs a, int method) {
   if (a.M == 0 || a.N == 0) return;
   if (method == kBlockFp8Method) {
@@ -198,16 +208,12 @@ void run_packed_linear(LinearArgs a, int method) {
     a.xsum = gsum.data();
     wint4_words_vnni_avx512(a);
   } else if (method == kWint4Bf16Act) {
-    static thread_local std::vector<uint32_t> xb;  // a decode step makes ~70 of these calls: no allocation each
-    xb.resize(a.M * a.K / 2);
-    wint4_bf16_prepare_avx512(a.x, a.M, a.K, xb.data(), a.threads);
-    a.xb = xb.data();
+    a.xb = pairs_buffer(a.M * a.K / 2);
+    wint4_bf16_prepare_avx512(a.x, a.M, a.K, const_cast<uint32_t*>(a.xb), a.threads);
     wint4_words_bf16_avx512(a);
   } else if (method == kWint8Bf16Act) {
-    static thread_local std::vector<uint32_t> xb;
-    xb.resize(a.M * a.K / 2);
-    wint8_bf16_prepare_avx512(a.x, a.M, a.K, xb.data(), a.threads);
-    a.xb = xb.data();
+    a.xb = pairs_buffer(a.M * a.K / 2);
+    wint8_bf16_prepare_avx512(a.x, a.M, a.K, const_cast<uint32_t*>(a.xb), a.threads);
     wint8_pairs_bf16_avx512(a);
   } else if (method == kWint8Int8Act) {
     a.ldq = round_up(a.K, 64);

@@ -17,7 +17,9 @@
 //     up_group / down_group (wint4's and w4a8's group size, -1 = K), isa (0 auto, 1 AVX2, 2 AVX-512), threads.
 //     6 (a model whose activations are bf16) runs wint4_lut_bf16_avx512 on avx512_bf16 CPUs where K
 //     and the group are multiples of 128 and the group divides K, and wint4's kernels (fp32
-//     activations) elsewhere.
+//     activations) elsewhere. 7 likewise runs wint8_contract_bf16_avx512 where K % 32 == 0, and
+//     wint8's kernels elsewhere. Under the opt-in int8-activation prefill (int8_act_rows) both
+//     take their int8-activation kernels instead (w4a8's, w8a8's).
 //     w4a8 (wint4's layout, per-token int8 activations; AVX-512 VNNI, K and
 //     the group multiples of 128) runs w4a8_linear (offline_op.h) at any isa.
 //
@@ -139,7 +141,7 @@ struct Stacked {
 // Per-call buffers, reused across the experts of the call.
 struct Scratch {
   std::vector<float> xe, xo;
-  std::vector<uint32_t> xb;  // wint4 on bf16: the activation pairs
+  std::vector<uint32_t> xb;  // wint4 / wint8 on bf16: the activation pairs
   std::vector<int8_t> xq;
   std::vector<float> xscale;
   std::vector<int32_t> xsum;
