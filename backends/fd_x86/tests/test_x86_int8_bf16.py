@@ -7,14 +7,14 @@ so a row's bits must not depend on how many rows the call had."""
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import numpy as np
 import pytest
+from bf16_act_cases import FusedCase, decoder_layer
+from bf16_act_cases import bf16 as _bf16
 from fd_x86.cpu import AVX512_BF16_FLAG, AVX512_VNNI_FLAGS, cpu_features
 
-from fd_core.layers.param import _fp32_to_bf16
 from fd_core.ops.linear import QuantizedWeight
 
 paddle = pytest.importorskip("paddle")
@@ -24,11 +24,6 @@ pytestmark = [
     pytest.mark.usefixtures("fused_switches_unset"),
 ]
 BF16_METHOD, PACKED_FP32, CONTRACT_FP32, INT8_ACT = 10, 0, 3, 7  # INT8_ACT: the opt-in int8-activation kernel
-
-
-def _bf16(x: np.ndarray) -> np.ndarray:
-    """x rounded to bf16 (nearest even) as fp32."""
-    return (_fp32_to_bf16(x).astype(np.uint32) << 16).view(np.float32)
 
 
 def _weight(rng: np.random.Generator, n: int, k: int, act_dtype: str = "bfloat16",
@@ -164,66 +159,10 @@ def test_quantized_linear_takes_it_for_bf16_activations(rows: int, monkeypatch: 
 # ------------------------------------------------------------ the fused run
 
 
-def _layer(act_dtype: str) -> Any:
-    from fd_core.ops.decoder import DecoderLayerWeights
-    from fd_core.quantization import quantize_weight
-
-    hidden, inter, heads, kv_heads, head_dim = 128, 256, 2, 1, 64
-    rng = np.random.default_rng(zlib.crc32(act_dtype.encode()))
-
-    def weight(d_in: int, d_out: int) -> Any:
-        q = quantize_weight("wint8", (rng.normal(0, 1, (d_in, d_out)) / np.sqrt(d_in)).astype(np.float32))
-        q.act_dtype = act_dtype
-        return q
-
-    return DecoderLayerWeights(
-        input_norm=paddle.to_tensor(rng.normal(1, 0.1, hidden).astype(np.float32)),
-        post_norm=paddle.to_tensor(rng.normal(1, 0.1, hidden).astype(np.float32)), eps=1e-6,
-        qkv=weight(hidden, (heads + 2 * kv_heads) * head_dim), o=weight(heads * head_dim, hidden),
-        up_gate=weight(hidden, 2 * inter), down=weight(inter, hidden),
-        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, scale=head_dim**-0.5, interleaved_rope=True)
-
-
 @pytest.mark.parametrize("act_dtype,method", [("bfloat16", BF16_METHOD), ("float32", PACKED_FP32)])
 def test_the_fused_run_picks_the_kernel_fd_linear_picks(x86_ops: Any, act_dtype: str, method: int,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    import fd_x86.layer as fused
-
-    from fd_core.ops.attention import AttentionMetadata
-    from fd_core.ops.decoder import compose_decoder_layer
-    from fd_core.ops.rope import rope_cos_sin
-
-    layer = _layer(act_dtype)
-    rng = np.random.default_rng(7)
-    batch, block, blocks = 3, 16, 12
-    seq_lens = [40, 17, 33]
-    tables = [[0, 1, 2], [3, 4], [5, 6, 7]]
-    cos_sin = rope_cos_sin(64, 256, 10000.0)
-    k0 = rng.normal(0, 1, (blocks * block, 1, 64)).astype(np.float32)
-    v0 = rng.normal(0, 1, (blocks * block, 1, 64)).astype(np.float32)
-    hidden = rng.normal(0, 1, (batch, 128)).astype(np.float32)
-
-    def run(compose: bool) -> tuple[np.ndarray, ...]:
-        meta = AttentionMetadata.build([1] * batch, seq_lens, tables, block, batch)
-        k, v = paddle.to_tensor(k0.copy()), paddle.to_tensor(v0.copy())
-        if compose:
-            out = compose_decoder_layer(x86_ops, layer, paddle.to_tensor(hidden), None, cos_sin, meta, k, v)
-        else:
-            out = fused.decoder_layers([layer], paddle.to_tensor(hidden), None, cos_sin, meta, [k], [v])
-            assert out is not None
-        return out[0].numpy(), out[1].numpy(), k.numpy(), v.numpy()
-
-    got, want = run(False), run(True)
-
-    def methods() -> list[Any]:  # this model's runs only (the cache is keyed by the rotary table)
-        return [entry[1][6] for entry in fused._MODELS[id(cos_sin)][1].runs.values() if entry[1] is not None]
-
-    assert [method] * 4 in methods()
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)
-    monkeypatch.setenv("FD_X86_INT8_BF16", "0")  # the switch is part of the run's key: a new run, method 0
-    run(False)
-    assert [PACKED_FP32] * 4 in methods()
+    FusedCase(x86_ops, decoder_layer("wint8", act_dtype)).check(method, "FD_X86_INT8_BF16", PACKED_FP32, monkeypatch)
 
 
 # ------------------------------------------------------------ routed and shared experts

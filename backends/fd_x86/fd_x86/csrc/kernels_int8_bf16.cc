@@ -266,26 +266,20 @@ void wint8_bf16_prepare_avx512(const float* x, int64_t M, int64_t K, uint32_t* x
 }
 
 void wint8_pairs_bf16_avx512(const LinearArgs& a) {
-  constexpr int64_t kBlocks = Wint8PairsBf16::kBlocks;
-  const int64_t blocks = (a.N + 15) / 16;
-  const int64_t chunks = (blocks + kBlocks - 1) / kBlocks;
-  const bool parallel = a.threads > 1 && chunks > 1 && a.M * a.N * a.K >= kMinParallelMacs;
-#pragma omp parallel for schedule(static) num_threads(a.threads) if (parallel)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t nb0 = c * kBlocks, nb = min64(kBlocks, blocks - nb0);
+  packed_items<Wint8PairsBf16::kBlocks>(a, [&a](int64_t nb0, int64_t nb) {
     // many rows: each stream's codes converted once into the panel, then every row chunk reads it
     uint16_t* panel =
         a.M < kPanelRows ? nullptr : tl_panel.get(static_cast<size_t>(a.K / 2) * 2 * 32 * sizeof(uint16_t));
     if (panel == nullptr) {
       pairs_item(a, 0, a.M, nb0, nb);
-      continue;
+      return;
     }
     for (int64_t h = 0; h < nb; h += 2) {
       const int64_t hb = min64(2, nb - h);
       Wint8PairsBf16::fill_panel(a, nb0 + h, hb, panel);
       for (int64_t m0 = 0; m0 < a.M; m0 += kRowChunk) pairs_half(a, m0, min64(m0 + kRowChunk, a.M), nb0 + h, hb, panel);
     }
-  }
+  });
 }
 
 void wint8_contract_bf16_avx512(const LinearArgs& a) {

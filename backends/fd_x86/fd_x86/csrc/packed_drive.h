@@ -50,19 +50,24 @@ inline void packed_blocks(const LinearArgs& a, int64_t m0, int64_t m1, int64_t n
   }
 }
 
-// Work items of Kern::kBlocks 16-channel blocks, over the threads
-template <class Kern>
-void drive_packed(const LinearArgs& a) {
-  constexpr int64_t kBlocks = Kern::kBlocks;
+// item(nb0, nb) for each work item of kBlocks 16-channel blocks (nb of them from block nb0; the
+// last may be short), over the threads
+template <int64_t kBlocks, class Item>
+inline void packed_items(const LinearArgs& a, Item item) {
   const int64_t blocks = (a.N + 15) / 16;
   const int64_t chunks = (blocks + kBlocks - 1) / kBlocks;
   const bool parallel = a.threads > 1 && chunks > 1 && a.M * a.N * a.K >= kMinParallelMacs;
 #pragma omp parallel for schedule(static) num_threads(a.threads) if (parallel)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t nb0 = c * kBlocks, nb = min64(kBlocks, blocks - nb0);
+  for (int64_t c = 0; c < chunks; ++c) item(c * kBlocks, min64(kBlocks, blocks - c * kBlocks));
+}
+
+// Work items of Kern::kBlocks 16-channel blocks, over the threads
+template <class Kern>
+void drive_packed(const LinearArgs& a) {
+  packed_items<Kern::kBlocks>(a, [&a](int64_t nb0, int64_t nb) {
     for (int64_t m0 = 0; m0 < a.M; m0 += kRowChunk)
       packed_blocks<Kern, Kern::kBlocks>(a, m0, min64(m0 + kRowChunk, a.M), nb0, nb);
-  }
+  });
 }
 
 // [sum(a), sum(b), sum(c), sum(d)]: each vector's lanes summed in one tree, whatever its
