@@ -139,12 +139,12 @@ def fd_set_device(device_id: int) -> str:
 def fd_linear(x: Tensor, weight: Tensor | None, bias: Tensor | None, quant: Any) -> Tensor | None:
     """``x @ W + bias`` for wint8 / wint4 / w8a8 / 2-D w4a8 weights (2-D w4a8_static / wint2
     too, ``fd_x86.offline``, on AVX-512 VNNI) and for unquantized
-    bf16 / fp16 CPU weights (``fd_x86.dense16``); None otherwise (the
+    bf16 / fp16 / fp32 CPU weights (``fd_x86.dense16``); None otherwise (the
     reference answers), or when the ops cannot be built (logged once)."""
     if _build_failed:
         return None
     if quant is None:
-        if weight is None or str(weight.dtype) not in ("paddle.bfloat16", "paddle.float16"):
+        if weight is None or str(weight.dtype) not in ("paddle.bfloat16", "paddle.float16", "paddle.float32"):
             return None
         from fd_x86.dense16 import dense16_linear
 
@@ -152,7 +152,7 @@ def fd_linear(x: Tensor, weight: Tensor | None, bias: Tensor | None, quant: Any)
             return dense16_linear(x, weight, bias)
         except build.BuildError as exc:
             _build_failed.append(str(exc))
-            logger.warning("fd_x86: %s; 16-bit linears fall back to fd-core's reference", exc)
+            logger.warning("fd_x86: %s; unquantized linears fall back to fd-core's reference", exc)
             return None
     from fd_x86.fp8 import METHOD as FP8
     from fd_x86.fp8 import available as fp8_available

@@ -15,9 +15,18 @@ fp32 copy of the weight and no repacked one is kept (``csrc/kernels_dense16.cc``
   only extra error is x's rounding: ``|out - ref| <= 2**-9 * (|x| @ |W|)``
   plus fp32 summation (``GEMM_REL_ERR``).
 
+An fp32 weight (``--dtype float32``) takes the stream kernel up to
+``FP32_STREAM_MAX_ROWS`` rows, read in place without widening: fp32 products and
+sums, as the reference's matmul, so the result differs from it only by the
+summation order. At decode sizes it reads the weight at the memory's rate, where
+paddle's matmul does not (an fp32 0.3B step: 1.20x at B=1, 1.67x at B=8, 1.59x at
+B=32); for prefill-sized calls paddle's matmul stayed faster in the model (0.87x
+with the stream kernel at 512 rows), so those return None.
+
 It returns None, and fd-core's reference answers, where it does not apply:
-a weight that is not a contiguous 2-D bf16 / fp16 CPU tensor, x not fp32, a
-CPU without AVX-512 F/BW/VL/DQ, or ``FD_X86_DENSE16=0`` in the environment.
+a weight that is not a contiguous 2-D bf16 / fp16 / fp32 CPU tensor, x not
+fp32, a CPU without AVX-512 F/BW/VL/DQ, or ``FD_X86_DENSE16=0`` in the
+environment.
 """
 
 from __future__ import annotations
@@ -26,11 +35,13 @@ import functools
 import os
 from typing import Any
 
+import numpy as np
+
 from fd_core.backends.cpu import num_threads
 from fd_x86.build import load_ops
 from fd_x86.cpu import AVX512_BF16_FLAG, AVX512_FLAGS, DENSE16_GEMM_MIN_ROWS, cpu_features
 
-__all__ = ["GEMM_MIN_ROWS", "GEMM_REL_ERR", "KERNELS", "dense16_enabled", "dense16_linear"]
+__all__ = ["FP32_STREAM_MAX_ROWS", "GEMM_MIN_ROWS", "GEMM_REL_ERR", "KERNELS", "dense16_enabled", "dense16_linear"]
 
 KERNELS = {"auto": 0, "stream": 1, "gemm": 2}  # the op's ``kernel`` attribute
 # bf16 calls with this many rows run the GEMM (as kernels.h's kDense16GemmMinRows).
@@ -39,7 +50,8 @@ KERNELS = {"auto": 0, "stream": 1, "gemm": 2}  # the op's ``kernel`` attribute
 # at 32 (the GEMM's packing reads W at ~12 GB/s; from cache the GEMM wins from 3 rows)
 GEMM_MIN_ROWS = DENSE16_GEMM_MIN_ROWS
 GEMM_REL_ERR = 2.0**-9  # the GEMM's bound, relative to |x| @ |W| (x rounded to bf16)
-_HALF = ("paddle.bfloat16", "paddle.float16")
+FP32_STREAM_MAX_ROWS = 64  # fp32 weights: the stream kernel up to this many rows, paddle's matmul above
+_DTYPES = ("paddle.bfloat16", "paddle.float16", "paddle.float32")
 
 
 @functools.lru_cache(maxsize=1)
@@ -63,7 +75,7 @@ def dense16_linear(x: Any, weight: Any, bias: Any | None = None, kernel: str = "
     where the native kernels do not apply (see the module doc). ``kernel``
     forces "stream" or "gemm" (tests); ``threads`` defaults to fd-core's CPU
     thread count. Raises ValueError when x's last dimension is not K."""
-    if str(weight.dtype) not in _HALF or str(x.dtype) != "paddle.float32" or len(weight.shape) != 2:
+    if str(weight.dtype) not in _DTYPES or str(x.dtype) != "paddle.float32" or len(weight.shape) != 2:
         return None
     if not weight.place.is_cpu_place() or not x.place.is_cpu_place() or not weight.is_contiguous():
         return None
@@ -73,6 +85,8 @@ def dense16_linear(x: Any, weight: Any, bias: Any | None = None, kernel: str = "
         raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
     d_in, d_out = weight.shape
     shape = x.shape
+    if str(weight.dtype) == "paddle.float32" and kernel == "auto" and int(np.prod(shape[:-1])) > FP32_STREAM_MAX_ROWS:
+        return None  # an fp32 prefill: paddle's matmul (module doc)
     if not shape or shape[-1] != d_in:
         raise ValueError(f"dense16 linear: x {list(shape)} has {shape[-1] if shape else 0} input features, "
                          f"the weight [{d_in}, {d_out}] expects {d_in}")

@@ -84,7 +84,7 @@ from fd_core.ops.content_key import tensor_key
 from fd_core.ops.linear import QuantizedWeight
 from fd_x86 import ops as x86_ops
 from fd_x86.build import load_ops
-from fd_x86.dense16 import dense16_enabled
+from fd_x86.dense16 import FP32_STREAM_MAX_ROWS, dense16_enabled
 from fd_x86.fp8 import available as fp8_available
 from fd_x86.fp8 import resident_codes as fp8_resident_codes
 from fd_x86.linear import (
@@ -120,7 +120,8 @@ __all__ = ["decoder_layers"]
 
 WINT8_CONTRACT = 3  # the op's kernel code for wint8 on the contract layout [out, in]
 BLOCK_FP8 = 8  # its code for block_wise_fp8 codes [out, in] (packed_linear.h's kBlockFp8Method)
-DENSE16 = {"paddle.bfloat16": 4, "paddle.float16": 5}  # its codes for 16-bit weights [in, out] (packed_linear.h)
+# its codes for unquantized weights [in, out] read in place (packed_linear.h): 16-bit, and fp32 (stream kernel)
+DENSE16 = {"paddle.bfloat16": 4, "paddle.float16": 5, "paddle.float32": 11}
 # Per model (keyed by its rotary table, which it owns for its lifetime, through a weak
 # reference: the model's cache goes with it): the runs seen lately, content key -> (what the
 # entry holds, the op's inputs for the run or None when it does not fit), and each run's last
@@ -195,16 +196,20 @@ def _fp32(norm: Any) -> Any:
     return x86_ops._dense(norm)
 
 
-PACKED_ROWS, CONTRACT_ROWS, INT8_ACT_ROWS = 0, 1, 2  # a call's rows as the linears' kernel choice sees them
+# a call's rows as the linears' kernel choice sees them (LARGE_ROWS: CONTRACT_ROWS past
+# FP32_STREAM_MAX_ROWS, where fp32 weights go back to paddle's matmul)
+PACKED_ROWS, CONTRACT_ROWS, INT8_ACT_ROWS, LARGE_ROWS = 0, 1, 2, 3
 
 
 def _rows_mode(rows: int) -> int:
     """``INT8_ACT_ROWS`` where ``fd_linear`` would run wint8 / wint4 on int8
     activations (the opt-in ``FD_X86_PREFILL_INT8_ACT`` at ``PREFILL_INT8_MIN_ROWS``
     rows and more), ``CONTRACT_ROWS`` above ``WINT8_PACKED_MAX_ROWS`` (wint8's
-    contract-layout kernel), else ``PACKED_ROWS``."""
+    contract-layout kernel; ``LARGE_ROWS`` above ``FP32_STREAM_MAX_ROWS``), else ``PACKED_ROWS``."""
     if rows >= PREFILL_INT8_MIN_ROWS and prefill_int8_enabled() and _has_vnni():
         return INT8_ACT_ROWS
+    if rows > FP32_STREAM_MAX_ROWS:
+        return LARGE_ROWS
     return CONTRACT_ROWS if rows > WINT8_PACKED_MAX_ROWS else PACKED_ROWS
 
 
@@ -221,6 +226,8 @@ def _packed_linear(quant: Any, mode: int) -> tuple[list[Any], int, int, int] | N
         if code is None or not dense16_enabled() or len(quant.shape) != 2 or not quant.is_contiguous() \
                 or not quant.place.is_cpu_place():
             return None
+        if code == DENSE16["paddle.float32"] and mode in (LARGE_ROWS, INT8_ACT_ROWS):
+            return None  # fp32 prefills: paddle's matmul, as fd_x86.dense16 leaves them
         return [quant, _no_scales()], code, int(quant.shape[1]), -1
     if quant.method == "block_wise_fp8" and len(quant.qweight.shape) == 2 and fp8_available():
         # read in place by fd_x86.fp8's kernels (csrc/fp8_kernels.h)

@@ -115,7 +115,7 @@ def test_strided_and_batched_x() -> None:
 
 def test_declines_what_it_does_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
     x, w, b, _ = _case(2, 40, 32, "bfloat16", seed=1)
-    assert dense16_linear(x, w.astype("float32"), b) is None  # fp32 weight
+    assert dense16_linear(x, w.astype("float64"), b) is None  # a float64 weight
     assert dense16_linear(x, w.T, b) is None  # a non-contiguous weight is not copied
     assert dense16_linear(x.astype("float64"), w, b) is None
     monkeypatch.setenv("FD_X86_DENSE16", "0")
@@ -131,7 +131,7 @@ def test_bad_inputs_raise_clear_errors() -> None:
     with pytest.raises(ValueError, match="kernel must be one of"):
         dense16_linear(x, w, kernel="amx")
     ops = load_ops()
-    with pytest.raises(Exception, match="w must be bfloat16 or float16"):
+    with pytest.raises(Exception, match="w must be bfloat16, float16 or float32"):
         ops.fd_x86_dense16_linear(x, paddle.zeros([40, 32], dtype="int8"), 1, 0)
     with pytest.raises(Exception, match=r"x has K = 40 input features, w \[K, N\] has 39"):
         ops.fd_x86_dense16_linear(x, paddle.zeros([39, 32], dtype="bfloat16"), 1, 0)
@@ -146,6 +146,26 @@ def test_backend_hook_answers_16_bit_weights(monkeypatch: pytest.MonkeyPatch) ->
     got = backend.fd_linear(x, w, b, None)
     assert got is not None
     np.testing.assert_array_equal(got.numpy(), _dense(x, w, b).numpy())
-    assert backend.fd_linear(x, w.astype("float32"), b, None) is None  # fp32: the reference's matmul
+    assert backend.fd_linear(x, w.astype("float64"), b, None) is None  # float64: the reference's matmul
     monkeypatch.setenv("FD_X86_DENSE16", "0")
     assert backend.fd_linear(x, w, b, None) is None
+
+
+def test_fp32_weights_take_the_stream_kernel_at_decode_rows() -> None:
+    """An fp32 weight (``--dtype float32``): the stream kernel, no widening, up to
+    FP32_STREAM_MAX_ROWS rows (the reference's fp32 products; fp32 summation order only), and
+    paddle's matmul past that (None); the backend hook answers the same."""
+    from fd_x86 import backend
+    from fd_x86.dense16 import FP32_STREAM_MAX_ROWS
+
+    for rows in (1, 3, 17, FP32_STREAM_MAX_ROWS):
+        x, w, b, _ = _case(rows, 136, 50, "bfloat16", seed=rows)
+        w32, b32 = w.astype("float32"), b.astype("float32").numpy().astype(np.float64)
+        want = x.numpy().astype(np.float64) @ w32.numpy().astype(np.float64) + b32
+        size = np.abs(x.numpy()) @ np.abs(w32.numpy()) + np.abs(b32)
+        got = dense16_linear(x, w32, b)
+        assert got is not None and np.all(np.abs(got.numpy() - want) <= 1e-6 * size + 1e-30)
+        np.testing.assert_array_equal(backend.fd_linear(x, w32, b, None).numpy(), got.numpy())
+    x, w, b, _ = _case(FP32_STREAM_MAX_ROWS + 1, 136, 50, "bfloat16", seed=99)
+    assert dense16_linear(x, w.astype("float32"), b) is None
+    assert backend.fd_linear(x, w.astype("float32"), b, None) is None

@@ -333,13 +333,24 @@ def test_declines_a_prefill_only_step() -> None:
     _assert_declines(_layer("w8a8"), _step(0, False, seed=6, prefills=3))
 
 
-def test_declines_fp32_weights() -> None:
-    _assert_declines(_layer(None), _step(3, True, seed=7))
+def _fp64_down(layer: DecoderLayerWeights) -> DecoderLayerWeights:
+    """``layer`` with a float64 down projection: a weight no kernel of a run's takes."""
+    return replace(layer, down=_layer(None).down.astype("float64"))
 
 
-def test_declines_when_one_weight_is_fp32() -> None:
-    quantized, plain = _layer("wint4"), _layer(None)
-    _assert_declines(replace(quantized, down=plain.down), _step(3, True, seed=8))
+def test_fp32_weights_run_at_decode_rows_and_decline_past_the_stream_limit(x86_ops: Any) -> None:
+    """An fp32 layer (``--dtype float32``) runs its linears on fd_x86.dense16's stream kernel up to
+    FP32_STREAM_MAX_ROWS rows, as fd_linear does: the composition's answer to fp32 summation order.
+    Past it paddle's matmul answers, so the run declines."""
+    from fd_x86.dense16 import FP32_STREAM_MAX_ROWS
+
+    layer, step = _layer(None), _step(3, True, seed=7)
+    _assert_same(_run_fused(layer, step), _run_composed(x86_ops, layer, step), 1e-4, 1e-4)
+    _assert_declines(layer, _step(FP32_STREAM_MAX_ROWS + 1, True, seed=7))
+
+
+def test_declines_when_one_weight_has_no_kernel() -> None:
+    _assert_declines(_fp64_down(_layer("wint4")), _step(3, True, seed=8))
 
 
 def test_wint8_past_the_packed_row_limit_runs_the_contract_layout_kernel(x86_ops: Any) -> None:
@@ -556,7 +567,7 @@ def test_a_run_of_layers_matches_the_composition_layer_by_layer(
 
 def test_a_run_declines_when_one_layer_cannot_be_fused() -> None:
     step = _step(3, True, seed=61)
-    plain = replace(_layer("wint4"), down=_layer(None).down)
+    plain = _fp64_down(_layer("wint4"))
     for layers in ([_layer("wint8"), plain], [_layer("wint8"), _layer("wint4", 128, heads=8, kv_heads=2)]):
         ks, vs = _run_caches(step, 2)
         starts = [c.numpy() for c in ks + vs]

@@ -88,15 +88,15 @@ def test_the_head_in_the_run_equals_the_head_after_it(x86_ops: Any, monkeypatch:
 
 
 def test_runs_the_head_cannot_take_are_declined(x86_ops: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An fp32 head (no kernel of a run's), a norm of the wrong width, a
+    """A float64 head (no kernel of a run's), a norm of the wrong width, a
     prefill step, or the switch: the plugin declines and Ops runs the layers,
     then the head's ops (the same logits as the head after the run)."""
     layers = [_layer("wint8"), _layer("wint8")]
     step = _step(2, True, seed=5)
     hidden, residual = step.inputs()
     k, v = zip(*(step.caches() for _ in layers))
-    fp32 = _head("float32")
-    assert fused.decoder_layers(layers, hidden, residual, step.cos_sin, step.meta(), list(k), list(v), fp32) is None
+    fp64 = replace(_head("float32"), weight=_head("float32").weight.astype("float64"))
+    assert fused.decoder_layers(layers, hidden, residual, step.cos_sin, step.meta(), list(k), list(v), fp64) is None
     narrow = replace(_head("wint8"), norm=_t(np.ones(HIDDEN // 2, np.float32)))
     assert fused.decoder_layers(layers, hidden, residual, step.cos_sin, step.meta(), list(k), list(v), narrow) is None
     monkeypatch.setenv("FD_X86_FUSED_HEAD", "0")
@@ -109,12 +109,12 @@ def test_runs_the_head_cannot_take_are_declined(x86_ops: Any, monkeypatch: pytes
     assert fused.decoder_layers(layers, hidden, residual, prefill.cos_sin, prefill.meta(), list(k), list(v),
                                 _head("wint8")) is None
     # Ops answers all of them: the layers, then the head's own ops
-    got, _ = _logits(x86_ops, layers, step, fp32, True, monkeypatch)
+    got, _ = _logits(x86_ops, layers, step, fp64, True, monkeypatch)
     hidden, residual = step.inputs()
     caches = [step.caches() for _ in layers]
     h, r = x86_ops.decoder_layers(layers, hidden, residual, step.cos_sin, step.meta(), [c[0] for c in caches],
                                   [c[1] for c in caches])
-    np.testing.assert_array_equal(got, fp32.run(x86_ops, h, r).numpy())
+    np.testing.assert_array_equal(got, fp64.run(x86_ops, h, r).numpy())
 
 
 def test_the_head_is_checked_before_any_cache_write(monkeypatch: pytest.MonkeyPatch) -> None:

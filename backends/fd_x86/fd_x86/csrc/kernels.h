@@ -120,7 +120,8 @@ namespace fdx86 {
 //   where amx_bf16_enabled() (a W of >= kDense16AmxWideElems elements only
 //   from kDense16AmxWideRows rows), else the avx512_bf16 GEMM where the CPU has it,
 //   else the stream kernel.
-constexpr int kDense16Bf16 = 0, kDense16Fp16 = 1;  // Dense16Args::wtype
+// Dense16Args::wtype; kDense16Fp32: an fp32 weight in the same layout, on the stream kernel (no widening)
+constexpr int kDense16Bf16 = 0, kDense16Fp16 = 1, kDense16Fp32 = 2;
 constexpr int kDense16Auto = 0, kDense16Stream = 1, kDense16Gemm = 2, kDense16Amx = 3;  // Dense16Args::kernel
 constexpr int64_t kDense16GemmMinRows = 16;
 constexpr int64_t kDense16AmxWideRows = 32, kDense16AmxWideElems = int64_t(1) << 26;

@@ -33,7 +33,17 @@ namespace {
 
 using fdx86::Dense16Args;
 
-constexpr int kBf16 = 0, kFp16 = 1;
+constexpr int kBf16 = 0, kFp16 = 1, kFp32 = 2;  // Dense16Args::wtype (kernels.h)
+
+// a weight element of each type
+template <int WT>
+struct Elem {
+  using T = uint16_t;
+};
+template <>
+struct Elem<kFp32> {
+  using T = float;
+};
 // Register tiles. Stream: 3 rows x 8 blocks of 16 outputs (256 B of W per
 // row: 4 lines, so the row streams stay long); GEMM: 6 rows x 4 blocks.
 constexpr int kStreamBlocks = 8, kStreamRows = 3;
@@ -74,10 +84,14 @@ inline __m512i high16(__m512i v) { return _mm512_maskz_slli_epi32(kAll, v, 16); 
 
 // 16 weights from p (masked: the lanes past the mask are 0) as fp32
 template <int WT>
-inline __m512 widen16(const uint16_t* p, __mmask16 mk) {
-  const __m256i h = _mm256_maskz_loadu_epi16(mk, p);
-  if constexpr (WT == kBf16) return _mm512_castsi512_ps(high16(zext16(h)));
-  else return _mm512_maskz_cvtph_ps(kAll, h);
+inline __m512 widen16(const typename Elem<WT>::T* p, __mmask16 mk) {
+  if constexpr (WT == kFp32) {
+    return _mm512_maskz_loadu_ps(mk, p);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(mk, p);
+    if constexpr (WT == kBf16) return _mm512_castsi512_ps(high16(zext16(h)));
+    else return _mm512_maskz_cvtph_ps(kAll, h);
+  }
 }
 
 // ------------------------------------------------------------------ stream
@@ -87,7 +101,7 @@ inline __m512 widen16(const uint16_t* p, __mmask16 mk) {
 struct Chunk {
   int64_t k0, k1;
   bool first, final;  // start from 0 (else from out); add the bias and finish
-  const uint16_t* pf;
+  const void* pf;      // a weight element's address (Elem<WT>::T)
   int64_t pf_rows;
 };
 
@@ -95,8 +109,10 @@ struct Chunk {
 // masks the tile's last block at N
 template <int WT, int MB, int NB>
 inline void stream_tile(const Dense16Args& a, int64_t m, int64_t n, __mmask16 last, const Chunk& c) {
+  using E = typename Elem<WT>::T;
+  constexpr int kLineBlocks = 64 / (16 * sizeof(E));  // 16-output blocks per 64-byte line
   const int64_t N = a.N;
-  const uint16_t* w = static_cast<const uint16_t*>(a.w) + n;
+  const E* w = static_cast<const E*>(a.w) + n;
   const float* x = a.x + m * a.ldx;
   __m512 acc[MB][NB];
 #pragma GCC unroll 8
@@ -105,12 +121,12 @@ inline void stream_tile(const Dense16Args& a, int64_t m, int64_t n, __mmask16 la
     for (int j = 0; j < NB; ++j)
       acc[i][j] = c.first ? _mm512_setzero_ps()
                           : _mm512_maskz_loadu_ps(j == NB - 1 ? last : kAll, a.out + (m + i) * N + n + 16 * j);
-  const uint16_t* pf = m == 0 ? c.pf : nullptr;  // the other row tiles read the same W
+  const E* pf = m == 0 ? static_cast<const E*>(c.pf) : nullptr;  // the other row tiles read the same W
   for (int64_t k = c.k0; k < c.k1; ++k) {
-    const uint16_t* row = w + k * N;
+    const E* row = w + k * N;
     if (pf != nullptr && k - c.k0 < c.pf_rows) {
 #pragma GCC unroll 8
-      for (int j = 0; j < kStreamBlocks; j += 2)  // one 64-byte line per two blocks
+      for (int j = 0; j < kStreamBlocks; j += kLineBlocks)  // one 64-byte line at a time
         _mm_prefetch(reinterpret_cast<const char*>(pf + (k - c.k0) * N + 16 * j), _MM_HINT_T0);
     }
 #pragma GCC unroll 8
@@ -178,7 +194,7 @@ void stream_range(const Dense16Args& a, int64_t b0, int64_t b1) {
       c.pf = nullptr;
       if (pci < chunks) {
         const int64_t pk0 = pci * kc;
-        c.pf = static_cast<const uint16_t*>(a.w) + pk0 * a.N + (b0 + ahead % tiles * kStreamBlocks) * 16;
+        c.pf = static_cast<const typename Elem<WT>::T*>(a.w) + pk0 * a.N + (b0 + ahead % tiles * kStreamBlocks) * 16;
         c.pf_rows = min64(kc, a.K - pk0);
       }
       const int64_t b = b0 + t * kStreamBlocks, nb = min64(kStreamBlocks, b1 - b);
@@ -391,7 +407,9 @@ void dense16_linear_avx512(const Dense16Args& a) {
   const bool bf16 = a.wtype == kDense16Bf16 && a.K > 0;
   if (kernel == kDense16Amx && bf16 && amx_bf16_available() && dense16_gemm_amx(a)) return;
   if ((kernel == kDense16Gemm || kernel == kDense16Amx) && bf16 && dense16_has_bf16_dot() && gemm_bf16(a)) return;
-  if (a.wtype == kDense16Bf16) stream<kBf16>(a); else stream<kFp16>(a);
+  if (a.wtype == kDense16Bf16) stream<kBf16>(a);
+  else if (a.wtype == kDense16Fp16) stream<kFp16>(a);
+  else stream<kFp32>(a);
 }
 
 }  // namespace fdx86

@@ -98,7 +98,7 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads) {
   PD_CHECK(packed.is_cpu() && scales.is_cpu(), op, ": the packed weight and scales must be on the CPU");
   PD_CHECK(packed.is_contiguous() && scales.is_contiguous(), op, ": packed and scales must be contiguous");
-  PD_CHECK(method >= 0 && method <= kWint8Bf16Act, op, ": method must be 0 to ", kWint8Bf16Act, ", got ", method);
+  PD_CHECK(method >= 0 && method <= kDenseFp32Method, op, ": method must be 0 to ", kDenseFp32Method, ", got ", method);
   LinearArgs a;
   a.M = M;
   a.K = K;
@@ -106,11 +106,14 @@ LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t
   a.x = x;
   a.w = packed.data();
   a.threads = threads < 1 ? 1 : threads;
-  if (method == kDense16Method || method == kDense16Method + 1) {
-    // a 16-bit dense weight in the reference's layout [K, N], read in place; no scales
-    const bool bf16 = method == kDense16Method;
-    PD_CHECK(packed.dtype() == (bf16 ? paddle::DataType::BFLOAT16 : paddle::DataType::FLOAT16), op,
-             ": method ", method, " takes a ", bf16 ? "bfloat16" : "float16", " weight");
+  if (method == kDense16Method || method == kDense16Method + 1 || method == kDenseFp32Method) {
+    // a 16-bit or fp32 dense weight in the reference's layout [K, N], read in place; no scales
+    const paddle::DataType want = method == kDense16Method       ? paddle::DataType::BFLOAT16
+                                  : method == kDenseFp32Method ? paddle::DataType::FLOAT32
+                                                               : paddle::DataType::FLOAT16;
+    PD_CHECK(packed.dtype() == want, op, ": method ", method, " takes a ",
+             want == paddle::DataType::BFLOAT16 ? "bfloat16" : want == paddle::DataType::FLOAT32 ? "float32" : "float16",
+             " weight");
     PD_CHECK(packed.shape().size() == 2 && packed.shape()[0] == K && packed.shape()[1] == n, op,
              ": a dense weight must be [K, N] = [", K, ", ", n, "]");
     PD_CHECK(cpu_has_avx512_vnni(), op, ": the fused kernels need AVX-512 VNNI");
@@ -178,7 +181,7 @@ void run_packed_linear(LinearArgs a, int method) {
     block_fp8_linear_f32(a.x, a.M, a.K, static_cast<const uint8_t*>(a.w), a.scales, a.N, a.out, a.threads, 0);
     return;
   }
-  if (method == kDense16Method || method == kDense16Method + 1) {
+  if (method == kDense16Method || method == kDense16Method + 1 || method == kDenseFp32Method) {
     Dense16Args d;
     d.M = a.M;
     d.N = a.N;
@@ -186,7 +189,7 @@ void run_packed_linear(LinearArgs a, int method) {
     d.x = a.x;
     d.ldx = a.K;
     d.w = a.w;
-    d.wtype = method == kDense16Method ? kDense16Bf16 : kDense16Fp16;
+    d.wtype = method == kDense16Method ? kDense16Bf16 : method == kDenseFp32Method ? kDense16Fp32 : kDense16Fp16;
     d.out = a.out;
     d.threads = a.threads;
     dense16_linear_avx512(d);
@@ -382,8 +385,9 @@ std::vector<paddle::Tensor> Dense16Linear(const paddle::Tensor& x, const paddle:
   const char* op = "fd_x86_dense16_linear";
   PD_CHECK(x.is_cpu() && w.is_cpu(), op, ": x and w must be on the CPU");
   PD_CHECK(x.dtype() == paddle::DataType::FLOAT32, op, ": x must be float32, got ", x.dtype());
-  PD_CHECK(w.dtype() == paddle::DataType::BFLOAT16 || w.dtype() == paddle::DataType::FLOAT16, op,
-           ": w must be bfloat16 or float16, got ", w.dtype());
+  PD_CHECK(w.dtype() == paddle::DataType::BFLOAT16 || w.dtype() == paddle::DataType::FLOAT16 ||
+               w.dtype() == paddle::DataType::FLOAT32,
+           op, ": w must be bfloat16, float16 or float32, got ", w.dtype());
   PD_CHECK(x.shape().size() == 2, op, ": x must be 2-D [M, K], got ", x.shape().size(), " dims");
   PD_CHECK(w.shape().size() == 2, op, ": w must be 2-D [K, N], got ", w.shape().size(), " dims");
   PD_CHECK(x.is_contiguous() && w.is_contiguous(), op, ": x and w must be contiguous");
@@ -399,7 +403,9 @@ std::vector<paddle::Tensor> Dense16Linear(const paddle::Tensor& x, const paddle:
   a.x = x.data<float>();
   a.ldx = a.K;
   a.w = w.data();
-  a.wtype = w.dtype() == paddle::DataType::BFLOAT16 ? fdx86::kDense16Bf16 : fdx86::kDense16Fp16;
+  a.wtype = w.dtype() == paddle::DataType::BFLOAT16  ? fdx86::kDense16Bf16
+            : w.dtype() == paddle::DataType::FLOAT32 ? fdx86::kDense16Fp32
+                                                     : fdx86::kDense16Fp16;
   a.threads = threads < 1 ? 1 : threads;
   a.kernel = kernel;
   PD_CHECK(kernel != fdx86::kDense16Gemm || (a.wtype == fdx86::kDense16Bf16 && fdx86::dense16_has_bf16_dot()), op,
