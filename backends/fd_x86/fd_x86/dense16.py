@@ -19,9 +19,10 @@ An fp32 weight (``--dtype float32``) takes the stream kernel up to
 ``FP32_STREAM_MAX_ROWS`` rows, read in place without widening: fp32 products and
 sums, as the reference's matmul, so the result differs from it only by the
 summation order. At decode sizes it reads the weight at the memory's rate, where
-paddle's matmul does not (an fp32 0.3B step: 1.20x at B=1, 1.67x at B=8, 1.59x at
-B=32); for prefill-sized calls paddle's matmul stayed faster in the model (0.87x
-with the stream kernel at 512 rows), so those return None.
+paddle's matmul does not (an fp32 0.3B step with the fused run: 1.42x at B=1, 1.68x
+at B=8, 1.64x at B=32; README "Native 16-bit kernels on x86"); for prefill-sized
+calls paddle's matmul stayed faster in the model (0.87x with the stream kernel at
+512 rows), so those return None.
 
 It returns None, and fd-core's reference answers, where it does not apply:
 a weight that is not a contiguous 2-D bf16 / fp16 / fp32 CPU tensor, x not

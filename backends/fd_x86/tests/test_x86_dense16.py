@@ -137,6 +137,11 @@ def test_bad_inputs_raise_clear_errors() -> None:
         ops.fd_x86_dense16_linear(x, paddle.zeros([39, 32], dtype="bfloat16"), 1, 0)
     with pytest.raises(Exception, match="kernel 2 .bf16 GEMM. needs bfloat16 weights"):
         ops.fd_x86_dense16_linear(x, w.astype("float16"), 1, 2)
+    with pytest.raises(Exception, match="kernel 2 .bf16 GEMM. needs bfloat16 weights"):
+        ops.fd_x86_dense16_linear(x, w.astype("float32"), 1, 2)
+    # the run's linear op: method 11 (an fp32 weight read in place) names the dtype it takes
+    with pytest.raises(Exception, match="method 11 takes a float32 weight"):
+        ops.fd_x86_packed_linear(x, w, paddle.zeros([1], dtype="float32"), 11, 32, -1, 1)
 
 
 def test_backend_hook_answers_16_bit_weights(monkeypatch: pytest.MonkeyPatch) -> None:
