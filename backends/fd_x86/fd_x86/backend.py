@@ -19,8 +19,7 @@ quantized experts, ``fd_moe_layer_experts`` (the same with the layer's shared
 expert in the call), ``fd_moe_layer`` (the whole layer: router, routing, experts,
 shared expert) and ``fd_moe_select_experts`` (``fd_x86.moe``: one native op
 per MoE layer's experts, and the router's top-k); ``fd_communicator`` (``fd_x86.comm``: all-reduce
-and all-gather through shared memory between the ranks of one host). fp32 linears, unquantized experts,
-sampling, the cache allocation / block copies and any input those ops do not
+and all-gather through shared memory between the ranks of one host). Unquantized experts, sampling, the cache allocation / block copies and any input those ops do not
 take return None here, so fd-core's reference answers.
 
 Importing this module imports neither paddle nor the compiled ops; the ops
@@ -90,7 +89,7 @@ def _availability() -> Availability:
             "$CXX); install one (e.g. apt-get install g++), or run python -m fd_x86.build where one is"
         )
     return Availability.ok(f"{reference.num_threads()} threads", *choice.summary, state,
-                           "other ops (fp32 linears, unquantized experts, sampling): fd-core reference")
+                           "other ops (unquantized experts, sampling): fd-core reference")
 
 
 @hookimpl

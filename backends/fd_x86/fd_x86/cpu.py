@@ -11,13 +11,14 @@ import functools
 import os
 from dataclasses import dataclass
 
-__all__ = ["AMX_MIN_ROWS", "AVX512_FLAGS", "CpuFeatures", "DENSE16_GEMM_MIN_ROWS", "KernelChoice", "amx_enabled", "choose_kernels", "cpu_features"]
+__all__ = ["AMX_MIN_ROWS", "AVX512_FLAGS", "CpuFeatures", "DENSE16_GEMM_MIN_ROWS", "DENSE16_PANEL_MAX_N", "DENSE16_PANEL_MIN_ROWS", "KernelChoice", "amx_enabled", "choose_kernels", "cpu_features"]
 
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # the 16-bit dense and KV kernels
 AVX512_VNNI_FLAGS = (*AVX512_FLAGS, "avx512_vnni")
 AVX512_BF16_FLAG = "avx512_bf16"  # vdpbf16ps: the bf16 dense GEMM (fd_x86.dense16)
 # kernels.h's kDense16GemmMinRows: bf16 dense calls with this many rows run the GEMM
 DENSE16_GEMM_MIN_ROWS = 16
+DENSE16_PANEL_MIN_ROWS, DENSE16_PANEL_MAX_N = 8, 8192  # kernels.h kDense16PanelMinRows, kDense16PanelMaxN
 AVX2_FLAGS = ("avx2", "fma")
 AMX_FLAGS = ("amx_tile", "amx_int8")
 AMX_BF16_FLAGS = ("amx_tile", "amx_bf16", AVX512_BF16_FLAG)  # the AMX-BF16 dense GEMM (kernels_amx_bf16.cc)
@@ -84,8 +85,9 @@ def _dense16_line(features: CpuFeatures) -> str:
         amx = "AMX off: FD_X86_AMX=0" if features.has(*AMX_BF16_FLAGS) else "no AMX-BF16 on this CPU"
         gemm = f"avx512-bf16 vdpbf16ps GEMM from {DENSE16_GEMM_MIN_ROWS} rows ({amx})"
     else:
-        gemm = f"no {AVX512_BF16_FLAG}: the stream kernel at every M"
-    return f"bf16/fp16 dense: avx512 fp32 FMA, weights widened in registers; bf16: {gemm}"
+        gemm = f"no {AVX512_BF16_FLAG}: the fp32 panels at every M from {DENSE16_PANEL_MIN_ROWS}"
+    return (f"bf16/fp16/fp32 dense: avx512 fp32 FMA on weights widened in registers, or in fp32 panels from "
+            f"{DENSE16_PANEL_MIN_ROWS} rows; bf16: {gemm}")
 
 
 def _bf16_act_line(features: CpuFeatures) -> str:

@@ -84,7 +84,7 @@ from fd_core.ops.content_key import tensor_key
 from fd_core.ops.linear import QuantizedWeight
 from fd_x86 import ops as x86_ops
 from fd_x86.build import load_ops
-from fd_x86.dense16 import FP32_STREAM_MAX_ROWS, dense16_enabled
+from fd_x86.dense16 import dense16_enabled
 from fd_x86.fp8 import available as fp8_available
 from fd_x86.fp8 import resident_codes as fp8_resident_codes
 from fd_x86.linear import (
@@ -196,20 +196,17 @@ def _fp32(norm: Any) -> Any:
     return x86_ops._dense(norm)
 
 
-# a call's rows as the linears' kernel choice sees them (LARGE_ROWS: CONTRACT_ROWS past
-# FP32_STREAM_MAX_ROWS, where fp32 weights go back to paddle's matmul)
-PACKED_ROWS, CONTRACT_ROWS, INT8_ACT_ROWS, LARGE_ROWS = 0, 1, 2, 3
+# a call's rows as the linears' kernel choice sees them
+PACKED_ROWS, CONTRACT_ROWS, INT8_ACT_ROWS = 0, 1, 2
 
 
 def _rows_mode(rows: int) -> int:
     """``INT8_ACT_ROWS`` where ``fd_linear`` would run wint8 / wint4 on int8
     activations (the opt-in ``FD_X86_PREFILL_INT8_ACT`` at ``PREFILL_INT8_MIN_ROWS``
     rows and more), ``CONTRACT_ROWS`` above ``WINT8_PACKED_MAX_ROWS`` (wint8's
-    contract-layout kernel; ``LARGE_ROWS`` above ``FP32_STREAM_MAX_ROWS``), else ``PACKED_ROWS``."""
+    contract-layout kernel), else ``PACKED_ROWS``."""
     if rows >= PREFILL_INT8_MIN_ROWS and prefill_int8_enabled() and _has_vnni():
         return INT8_ACT_ROWS
-    if rows > FP32_STREAM_MAX_ROWS:
-        return LARGE_ROWS
     return CONTRACT_ROWS if rows > WINT8_PACKED_MAX_ROWS else PACKED_ROWS
 
 
@@ -221,13 +218,11 @@ def _packed_linear(quant: Any, mode: int) -> tuple[list[Any], int, int, int] | N
     bf16: ``fd_x86.linear.wint4_packed_method`` / ``wint8_bf16``), so a row's result does not depend
     on whether the linear ran in a run."""
     if not isinstance(quant, QuantizedWeight):
-        # an unquantized 16-bit weight, read in place by fd_x86.dense16's kernel
+        # an unquantized weight (16-bit or fp32), read in place by fd_x86.dense16's kernels at every row count
         code = DENSE16.get(str(getattr(quant, "dtype", "")))
         if code is None or not dense16_enabled() or len(quant.shape) != 2 or not quant.is_contiguous() \
                 or not quant.place.is_cpu_place():
             return None
-        if code == DENSE16["paddle.float32"] and mode in (LARGE_ROWS, INT8_ACT_ROWS):
-            return None  # fp32 prefills: paddle's matmul, as fd_x86.dense16 leaves them
         return [quant, _no_scales()], code, int(quant.shape[1]), -1
     if quant.method == "block_wise_fp8" and len(quant.qweight.shape) == 2 and fp8_available():
         # read in place by fd_x86.fp8's kernels (csrc/fp8_kernels.h)

@@ -1,8 +1,9 @@
-"""fd_x86.dense16: bf16 / fp16 weights in the reference's layout against
+"""fd_x86.dense16: bf16 / fp16 / fp32 weights in the reference's layout against
 ``reference_linear``, per kernel, on odd shapes and thread counts.
 
 Tolerances, relative to ``|x| @ |W|`` (the bound's natural scale):
-stream (exact fp32 products, fp32 sums in another order): 1e-5;
+stream and panel (exact fp32 products, fp32 sums in another order): 1e-5, and
+the panel kernel gives the stream kernel's bits from 2 rows;
 bf16 GEMM (x rounded to bf16): ``GEMM_REL_ERR`` = 2^-9, plus the same 1e-5.
 """
 
@@ -20,7 +21,13 @@ from fd_x86.cpu import AMX_BF16_FLAGS, AVX512_BF16_FLAG, AVX512_FLAGS, cpu_featu
 paddle = pytest.importorskip("paddle")
 
 import fd_x86.dense16 as dense16  # noqa: E402
-from fd_x86.dense16 import GEMM_MIN_ROWS, GEMM_REL_ERR, dense16_linear  # noqa: E402
+from fd_x86.dense16 import (  # noqa: E402
+    GEMM_MIN_ROWS,
+    GEMM_REL_ERR,
+    PANEL_MAX_N,
+    PANEL_MIN_ROWS,
+    dense16_linear,
+)
 
 from fd_core.ops.linear import reference_linear  # noqa: E402
 
@@ -60,14 +67,35 @@ def _check(got, want, scale: np.ndarray, rel: float) -> None:
     assert np.all(err <= rel * scale + 1e-6), f"max error / scale = {np.max(err / (scale + 1e-30)):.3g} > {rel:.3g}"
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("k,n", SHAPES)
-def test_stream_kernel_matches_reference(dtype: str, rows: int, k: int, n: int) -> None:
+def test_stream_and_panel_kernels_match_reference(dtype: str, rows: int, k: int, n: int) -> None:
+    """Both within fp32 summation order of the reference; from 2 rows the panel kernel's bits are the
+    stream kernel's (each output's FMAs over k in order, whatever the tiles)."""
     x, w, b, scale = _case(rows, k, n, dtype, seed=rows * 31 + k)
     want = reference_linear(x, w, b)
     for threads in (1, 2):
-        _check(_dense(x, w, b, kernel="stream", threads=threads), want, scale, STREAM_TOL)
+        stream = _dense(x, w, b, kernel="stream", threads=threads)
+        _check(stream, want, scale, STREAM_TOL)
+        panel = _dense(x, w, b, kernel="panel", threads=threads)
+        _check(panel, want, scale, STREAM_TOL)
+        if rows >= 2:
+            np.testing.assert_array_equal(panel.numpy(), stream.numpy())
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("k,n,threads", [(1024, 1100, 2), (1024, 1100, 3), (3, 400_000, 4), (515, 2048, 2)])
+def test_one_row_splits_the_inputs_over_the_threads(dtype: str, k: int, n: int, threads: int) -> None:
+    """At one row each thread sums a contiguous run of W's rows and the partials are added in thread
+    order (K = 3 on 4 threads: 3 runs); with the bias, within the stream tolerance. On one thread the
+    sum is the one every row of a 2-row call gets, bit for bit."""
+    x, w, b, scale = _case(2, k, n, dtype, seed=k + n + threads)
+    want = reference_linear(x[:1], w, b)
+    got = _dense(x[:1], w, b, kernel="stream", threads=threads)
+    _check(got, want, scale[:1], STREAM_TOL)
+    one = _dense(x[:1], w, b, kernel="stream", threads=1)
+    np.testing.assert_array_equal(one.numpy()[0], _dense(x, w, b, kernel="stream", threads=1).numpy()[0])
 
 
 @_NO_BF16_DOT
@@ -80,14 +108,14 @@ def test_bf16_gemm_within_stated_bound(rows: int, k: int, n: int) -> None:
         _check(_dense(x, w, b, kernel="gemm", threads=threads), want, scale, GEMM_REL_ERR + STREAM_TOL)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("rows", [GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS])
 def test_auto_runs_the_gemm_from_its_threshold_for_bf16_only(dtype: str, rows: int) -> None:
     """From the threshold "auto" hands the choice to the op (the one fd_x86_decoder_layers makes): the
     vdpbf16ps GEMM, or AMX-BF16 where the CPU has it, which agrees with the GEMM to fp32 summation order."""
     x, w, b, _ = _case(rows, 72, 1000, dtype, seed=5)
     gemm = dtype == "bfloat16" and rows >= GEMM_MIN_ROWS and cpu_features().has(AVX512_BF16_FLAG)
-    expected = _dense(x, w, b, kernel="gemm" if gemm else "stream", threads=1)
+    expected = _dense(x, w, b, kernel="gemm" if gemm else "panel", threads=1)
     got = _dense(x, w, b, threads=1).numpy()
     if gemm and cpu_features().has(*AMX_BF16_FLAGS) and os.environ.get("FD_X86_AMX") != "0":
         np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-5)
@@ -98,6 +126,24 @@ def test_auto_runs_the_gemm_from_its_threshold_for_bf16_only(dtype: str, rows: i
 def test_threshold_matches_the_c_kernels() -> None:
     header = (Path(dense16.__file__).parent / "csrc" / "kernels.h").read_text()
     assert re.search(rf"kDense16GemmMinRows = {GEMM_MIN_ROWS};", header)
+    assert re.search(rf"kDense16PanelMinRows = {PANEL_MIN_ROWS}, kDense16PanelMaxN = {PANEL_MAX_N};", header)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_the_kernel_choice_by_rows_dtype_and_width(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python's choice (kernels.h's dense16_kernel, which the runs make): stream at one row and below
+    PANEL_MIN_ROWS, panel from there; a 16-bit weight wider than PANEL_MAX_N (the LM head) stays on
+    the stream kernel up to GEMM_MIN_ROWS; bf16 from GEMM_MIN_ROWS goes to the op's GEMM ("auto")."""
+    monkeypatch.setattr(dense16, "_has_bf16_dot", lambda: True)
+    choose = dense16._kernel
+    assert choose(1, f"paddle.{dtype}", 64) == "stream"
+    assert choose(PANEL_MIN_ROWS - 1, f"paddle.{dtype}", 64) == "stream"
+    assert choose(PANEL_MIN_ROWS, f"paddle.{dtype}", PANEL_MAX_N) == "panel"
+    wide = choose(PANEL_MIN_ROWS, f"paddle.{dtype}", PANEL_MAX_N + 1)
+    assert wide == ("panel" if dtype == "float32" else "stream")
+    assert choose(GEMM_MIN_ROWS, f"paddle.{dtype}", PANEL_MAX_N + 1) == ("auto" if dtype == "bfloat16" else "panel")
+    monkeypatch.setattr(dense16, "_has_bf16_dot", lambda: False)
+    assert choose(GEMM_MIN_ROWS, f"paddle.{dtype}", 64) == "panel"
 
 
 def test_strided_and_batched_x() -> None:
@@ -139,6 +185,8 @@ def test_bad_inputs_raise_clear_errors() -> None:
         ops.fd_x86_dense16_linear(x, w.astype("float16"), 1, 2)
     with pytest.raises(Exception, match="kernel 2 .bf16 GEMM. needs bfloat16 weights"):
         ops.fd_x86_dense16_linear(x, w.astype("float32"), 1, 2)
+    with pytest.raises(Exception, match=r"kernel must be 0 \(auto\), 1 \(stream\), 2 \(bf16 GEMM\) or 4 \(panel\), got 3"):
+        ops.fd_x86_dense16_linear(x, w, 1, 3)
     # the run's linear op: method 11 (an fp32 weight read in place) names the dtype it takes
     with pytest.raises(Exception, match="method 11 takes a float32 weight"):
         ops.fd_x86_packed_linear(x, w, paddle.zeros([1], dtype="float32"), 11, 32, -1, 1)
@@ -156,14 +204,13 @@ def test_backend_hook_answers_16_bit_weights(monkeypatch: pytest.MonkeyPatch) ->
     assert backend.fd_linear(x, w, b, None) is None
 
 
-def test_fp32_weights_take_the_stream_kernel_at_decode_rows() -> None:
-    """An fp32 weight (``--dtype float32``): the stream kernel, no widening, up to
-    FP32_STREAM_MAX_ROWS rows (the reference's fp32 products; fp32 summation order only), and
-    paddle's matmul past that (None); the backend hook answers the same."""
+def test_fp32_weights_take_the_native_kernels_at_every_row_count() -> None:
+    """An fp32 weight (``--dtype float32``): read in place, no widening, at every row count: the stream
+    kernel at decode rows, the panel kernel from PANEL_MIN_ROWS (prefills too); the reference's fp32
+    products, fp32 summation order only. The backend hook answers the same."""
     from fd_x86 import backend
-    from fd_x86.dense16 import FP32_STREAM_MAX_ROWS
 
-    for rows in (1, 3, 17, FP32_STREAM_MAX_ROWS):
+    for rows in (1, 3, PANEL_MIN_ROWS, 17, 65, 200):
         x, w, b, _ = _case(rows, 136, 50, "bfloat16", seed=rows)
         w32, b32 = w.astype("float32"), b.astype("float32").numpy().astype(np.float64)
         want = x.numpy().astype(np.float64) @ w32.numpy().astype(np.float64) + b32
@@ -171,6 +218,3 @@ def test_fp32_weights_take_the_stream_kernel_at_decode_rows() -> None:
         got = dense16_linear(x, w32, b)
         assert got is not None and np.all(np.abs(got.numpy() - want) <= 1e-6 * size + 1e-30)
         np.testing.assert_array_equal(backend.fd_linear(x, w32, b, None).numpy(), got.numpy())
-    x, w, b, _ = _case(FP32_STREAM_MAX_ROWS + 1, 136, 50, "bfloat16", seed=99)
-    assert dense16_linear(x, w.astype("float32"), b) is None
-    assert backend.fd_linear(x, w.astype("float32"), b, None) is None

@@ -338,15 +338,13 @@ def _fp64_down(layer: DecoderLayerWeights) -> DecoderLayerWeights:
     return replace(layer, down=_layer(None).down.astype("float64"))
 
 
-def test_fp32_weights_run_at_decode_rows_and_decline_past_the_stream_limit(x86_ops: Any) -> None:
-    """An fp32 layer (``--dtype float32``) runs its linears on fd_x86.dense16's stream kernel up to
-    FP32_STREAM_MAX_ROWS rows, as fd_linear does: the composition's answer to fp32 summation order.
-    Past it paddle's matmul answers, so the run declines."""
-    from fd_x86.dense16 import FP32_STREAM_MAX_ROWS
-
-    layer, step = _layer(None), _step(3, True, seed=7)
-    _assert_same(_run_fused(layer, step), _run_composed(x86_ops, layer, step), 1e-4, 1e-4)
-    _assert_declines(layer, _step(FP32_STREAM_MAX_ROWS + 1, True, seed=7))
+def test_fp32_weights_run_at_every_row_count(x86_ops: Any) -> None:
+    """An fp32 layer (``--dtype float32``) runs its linears on fd_x86.dense16's kernels at every row count
+    (the stream kernel at decode rows, the panel kernel from PANEL_MIN_ROWS), as fd_linear does: the
+    composition's answer to fp32 summation order."""
+    for rows in (3, 65):
+        layer, step = _layer(None), _step(rows, True, seed=7)
+        _assert_same(_run_fused(layer, step), _run_composed(x86_ops, layer, step), 1e-4, 1e-4)
 
 
 def test_declines_when_one_weight_has_no_kernel() -> None:

@@ -109,7 +109,9 @@ namespace fdx86 {
 //   W bf16 / fp16 [K, N] (row k = input k), x fp32 [M, K] (row stride ldx),
 //   out fp32 [M, N] = x @ widen(W) (+ bias fp32 [N]).
 // kDense16Stream: W widened in registers, fp32 FMA: the reference's products
-//   exactly, fp32 summation order aside. Any M, bf16 and fp16.
+//   exactly, fp32 summation order aside. Any M, bf16 and fp16. At one row each
+//   thread reads a contiguous run of W's rows into partial sums, added in
+//   thread order after.
 // kDense16Gemm (bf16 W): vdpbf16ps on x rounded to bf16 (RNE), W packed per
 //   thread into [Kc/2][64][2] panels in scratch:
 //   |out - ref| <= 2^-9 * sum_k |x_k w_k| + fp32 summation.
@@ -124,6 +126,16 @@ namespace fdx86 {
 constexpr int kDense16Bf16 = 0, kDense16Fp16 = 1, kDense16Fp32 = 2;
 constexpr int kDense16Auto = 0, kDense16Stream = 1, kDense16Gemm = 2, kDense16Amx = 3;  // Dense16Args::kernel
 constexpr int64_t kDense16GemmMinRows = 16;
+// kDense16Panel (any wtype): the stream kernel's arithmetic (the same bits at
+// 2+ rows) on fp32 panels of W widened per thread, register tiles 6 x 64. The
+// auto choice from kDense16PanelMinRows rows where the bf16 GEMM is not taken
+// (fp16, fp32, bf16 below kDense16GemmMinRows or without avx512_bf16), except
+// a 16-bit W wider than kDense16PanelMaxN outputs below kDense16GemmMinRows
+// rows (the LM head: the stream kernel). Measured in the 0.3B's decode steps
+// (Zen 4, 2 threads, against the stream kernel): fp32 0.96x at B=2, 1.02x at
+// B=8, 1.51x at B=32; bf16 0.93x at B=4, 1.12x at B=8.
+constexpr int kDense16Panel = 4;
+constexpr int64_t kDense16PanelMinRows = 8, kDense16PanelMaxN = 8192;
 constexpr int64_t kDense16AmxWideRows = 32, kDense16AmxWideElems = int64_t(1) << 26;
 
 struct Dense16Args {

@@ -1,14 +1,19 @@
-// Dense linears on 16-bit weights (bf16 / fp16) in the reference's layout:
-// W [K, N] (row k = input k, contiguous over the N outputs), x fp32 [M, K],
-// out fp32 [M, N]. No repacked copy of W is kept: each call reads W once,
-// in 16 bits.
+// Dense linears on unquantized weights (bf16 / fp16 / fp32) in the
+// reference's layout: W [K, N] (row k = input k, contiguous over the N
+// outputs), x fp32 [M, K], out fp32 [M, N]. No repacked copy of W is kept:
+// each call reads W once, in its own dtype.
 //
-// Two kernels:
-//   stream: W widened to fp32 in registers (bf16: << 16; fp16: vcvtph2ps),
-//           fp32 FMA with broadcast x: the reference's operands (the widened
-//           weight is exact) in fp32 arithmetic, so results match it up to
-//           fp32 rounding and summation order. Any M; the choice for small M
-//           (decode) and for fp16.
+// Three kernels:
+//   stream: W widened to fp32 in registers (bf16: << 16; fp16: vcvtph2ps;
+//           fp32 as it is), fp32 FMA with broadcast x: the reference's
+//           operands (the widened weight is exact) in fp32 arithmetic, so
+//           results match it up to fp32 summation order. Any M; the choice at
+//           one row (each thread then reads a contiguous run of W's rows into
+//           partial sums) and for a wide 16-bit W (the LM head) at few rows.
+//   panel:  the stream kernel's arithmetic, bit for bit at 2+ rows, on W
+//           widened into fp32 panels per thread and read by register tiles of
+//           6 rows x 64 outputs: the choice for more rows where the bf16 GEMM
+//           is not taken (fp32 and fp16 weights, bf16 below its threshold).
 //   bf16 GEMM (avx512_bf16): per 64-output tile and chunk of kGemmKc inputs,
 //           W is packed into thread-local scratch in vdpbf16ps's
 //           pair-interleaved layout [Kc/2][64][2] and reused by every row of
@@ -21,6 +26,7 @@
 // this TU can emit a BF16 instruction on a CPU without it. Only called after
 // __builtin_cpu_supports says so (x86_linear_op.cc).
 #include <immintrin.h>
+#include <omp.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -204,8 +210,98 @@ void stream_range(const Dense16Args& a, int64_t b0, int64_t b1) {
   }
 }
 
+// ----------------------------------------------------------------- one row
+// At one row (a decode step at batch 1) the kernel is W's read alone, and the
+// chunked walk above, a few rows at a time in 512-byte pieces split over the
+// threads by output, read at ~0.6x of the machine's bandwidth (Zen 4, 2
+// threads). Here each thread takes a contiguous run of W's rows (inputs) whole:
+// one sequential stream per thread, prefetched kSplitPrefetch bytes ahead
+// (the VM's hardware prefetchers alone read it at a quarter of the bandwidth),
+// into its own partial sums of all N outputs (L1 / L2: the LM head's 400 KB
+// too); the partials are then added in thread order. 0.94x of a plain read
+// there, 1.65x the chunked walk (fp32, the 0.3B's linears and head).
+// Summation order: k in order within a thread's run, then the runs in order.
+constexpr int64_t kSplitPrefetch = 8192;
+constexpr int kMaxSplitThreads = 64;
+
+// out[n] (+)= x[k] * W[k, n] over rows [k0, k1), every n; `first`: out starts at 0
+template <int WT, bool kFirst>
+inline void split_row(const Dense16Args& a, int64_t k, float* out) {
+  using E = typename Elem<WT>::T;
+  constexpr int64_t kLine = 64 / sizeof(E);  // weights per 64-byte line: 16 or 32
+  const int64_t N = a.N;
+  const E* row = static_cast<const E*>(a.w) + k * N;
+  const __m512 xv = _mm512_set1_ps(a.x[k]);
+  int64_t n = 0;
+  for (; n + kLine <= N; n += kLine) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + n) + kSplitPrefetch, _MM_HINT_T0);
+#pragma GCC unroll 2
+    for (int64_t v = 0; v < kLine; v += 16) {
+      const __m512 acc = kFirst ? _mm512_setzero_ps() : _mm512_loadu_ps(out + n + v);
+      _mm512_storeu_ps(out + n + v, _mm512_fmadd_ps(xv, widen16<WT>(row + n + v, kAll), acc));
+    }
+  }
+  for (; n < N; n += 16) {
+    const __mmask16 mk = mask16(N - n);
+    const __m512 acc = kFirst ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk, out + n);
+    _mm512_mask_storeu_ps(out + n, mk, _mm512_fmadd_ps(xv, widen16<WT>(row + n, mk), acc));
+  }
+}
+
+// out[n] = sum over rows [k0, k1) of x[k] * W[k, n] (k in order), every n
+template <int WT>
+void split_rows(const Dense16Args& a, int64_t k0, int64_t k1, float* out) {
+  if (k0 >= k1) return;
+  split_row<WT, true>(a, k0, out);
+  for (int64_t k = k0 + 1; k < k1; ++k) split_row<WT, false>(a, k, out);
+}
+
+// The partial sums of threads 1.. (thread 0 writes `out`): the calling
+// thread's scratch, kept and grown; null when it cannot be allocated
+float* split_scratch(int64_t floats) {
+  static thread_local float* buf = nullptr;
+  static thread_local int64_t size = 0;
+  if (floats > size) {
+    std::free(buf);
+    size = 0;
+    buf = static_cast<float*>(std::aligned_alloc(64, (sizeof(float) * floats + 63) / 64 * 64));
+    if (buf != nullptr) size = floats;
+  }
+  return buf;
+}
+
+// One row; false (nothing written) when scratch cannot be allocated
+template <int WT>
+bool split(const Dense16Args& a) {
+  int64_t threads = a.threads < 1 ? 1 : a.threads;
+  if (a.N * a.K < kMinParallelMacs) threads = 1;
+  threads = min64(min64(threads, a.K), kMaxSplitThreads);
+  const int64_t ld = (a.N + 15) / 16 * 16;  // a partial's stride: 64-byte aligned rows
+  float* parts = threads > 1 ? split_scratch((threads - 1) * ld) : nullptr;
+  if (threads > 1 && parts == nullptr) return false;
+  const int64_t blocks = (a.N + 15) / 16;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    // the team OpenMP gave (no more than asked: fewer inside another parallel region)
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    split_rows<WT>(a, a.K * t / nt, a.K * (t + 1) / nt, t == 0 ? a.out : parts + (t - 1) * ld);
+#pragma omp barrier
+    // the partials, in thread order, and the bias: this thread's share of the outputs
+    for (int64_t b = blocks * t / nt; b < blocks * (t + 1) / nt; ++b) {
+      const int64_t n = 16 * b;
+      const __mmask16 mk = mask16(a.N - n);
+      __m512 s = _mm512_maskz_loadu_ps(mk, a.out + n);
+      for (int64_t u = 1; u < nt; ++u) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(mk, parts + (u - 1) * ld + n));
+      if (a.bias != nullptr) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(mk, a.bias + n));
+      _mm512_mask_storeu_ps(a.out + n, mk, s);
+    }
+  }
+  return true;
+}
+
 template <int WT>
 void stream(const Dense16Args& a) {
+  if (a.M == 1 && a.K > 0 && split<WT>(a)) return;
   const int64_t blocks = (a.N + 15) / 16;
   int64_t threads = a.threads < 1 ? 1 : a.threads;
   if (a.M * a.N * a.K < kMinParallelMacs) threads = 1;
@@ -213,6 +309,175 @@ void stream(const Dense16Args& a) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t t = 0; t < threads; ++t) stream_range<WT>(a, blocks * t / threads, blocks * (t + 1) / threads);
 }
+
+// ------------------------------------------------------------------- GEMMs
+// Both GEMMs (fp32 weights below, bf16 after) walk W alike (gemm_drive): each
+// thread a range of 64-output tiles; chunk of G::kKc inputs by chunk, each
+// across the thread's tiles, kGemmSuper panels packed at a time into the
+// thread's scratch. Row by row across the panels, so each row of W is read as
+// one run of up to 2 KB; the next pack's rows are prefetched meanwhile (the
+// runs are too short for the hardware prefetchers); every row of x then runs
+// on each panel in register tiles of kGemmRows x 64 outputs, accumulating
+// through `out` between chunks.
+
+// This thread's kGemmSuper panels (128 KB), allocated on its first GEMM and
+// kept: an allocation this size per call would be mmap'd and faulted in again
+// each time. Null when it cannot be allocated.
+constexpr int64_t kPanelBytes = 16 * 1024;  // one panel: L1
+void* thread_panels() {
+  static thread_local void* panels = nullptr;
+  if (panels == nullptr) panels = std::aligned_alloc(64, kPanelBytes * kGemmSuper);
+  return panels;
+}
+
+int gemm_threads(const Dense16Args& a) {
+  const int64_t tiles = (a.N + kGemmCols - 1) / kGemmCols;
+  return a.M * a.N * a.K < kMinParallelMacs || tiles < 2 ? 1 : (a.threads < 1 ? 1 : a.threads);
+}
+
+// G: W (a weight element), P (a panel element), kKc (inputs per chunk),
+// kPanelElems, k_end(a) (K padded to G's step), pack(...) and rows(...)
+// (every row of x on one panel). False when scratch cannot be allocated.
+template <class G>
+bool gemm_drive(const Dense16Args& a, const G& g, int threads) {
+  using W = typename G::W;
+  static_assert(sizeof(typename G::P) * G::kPanelElems == kPanelBytes, "a panel is kPanelBytes");
+  const int64_t tiles = (a.N + kGemmCols - 1) / kGemmCols, kend = g.k_end(a);
+  int failed = 0;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1) reduction(| : failed)
+  for (int64_t t = 0; t < threads; ++t) {
+    auto* mine = static_cast<typename G::P*>(thread_panels());
+    if (mine == nullptr) {
+      failed = 1;
+      continue;
+    }
+    const int64_t t0 = tiles * t / threads, t1 = tiles * (t + 1) / threads;
+    const W* w = static_cast<const W*>(a.w);
+    for (int64_t k0 = 0; k0 < kend; k0 += G::kKc) {
+      const int64_t k1 = min64(k0 + G::kKc, a.K);
+      const bool first = k0 == 0, final = k0 + G::kKc >= kend;
+      for (int64_t st = t0; st < t1; st += kGemmSuper) {
+        const int64_t nt = min64(kGemmSuper, t1 - st);
+        // the next pack: the next super-tile of these rows, else the next chunk's first
+        const W* next = st + nt < t1 ? w + k0 * a.N + (st + nt) * kGemmCols
+                                     : (k1 < a.K ? w + k1 * a.N + t0 * kGemmCols : nullptr);
+        const int64_t next_rows = st + nt < t1 ? k1 - k0 : min64(G::kKc, a.K - k1);
+        G::pack(a, k0, k1, st * kGemmCols, nt, mine, next, next_rows);
+        for (int64_t tt = 0; tt < nt; ++tt) g.rows(a, mine + tt * G::kPanelElems, k0, (st + tt) * kGemmCols, first, final);
+      }
+    }
+  }
+  return failed == 0;
+}
+
+// A register tile's accumulators: 0 on a call's first chunk, else out's
+template <int MB>
+inline void tile_begin(const Dense16Args& a, __m512 (&acc)[MB][kGemmBlocks], __mmask16 (&mk)[kGemmBlocks], int64_t m,
+                       int64_t n, bool first) {
+#pragma GCC unroll 4
+  for (int j = 0; j < kGemmBlocks; ++j) mk[j] = n + 16 * j >= a.N ? (__mmask16)0 : mask16(a.N - n - 16 * j);
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < kGemmBlocks; ++j)
+      acc[i][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk[j], a.out + (m + i) * a.N + n + 16 * j);
+}
+
+// ... stored to out, with the bias after the call's last chunk
+template <int MB>
+inline void tile_end(const Dense16Args& a, __m512 (&acc)[MB][kGemmBlocks], const __mmask16 (&mk)[kGemmBlocks],
+                     int64_t m, int64_t n, bool final) {
+#pragma GCC unroll 4
+  for (int j = 0; j < kGemmBlocks; ++j) {
+    const __m512 b = final && a.bias != nullptr ? _mm512_maskz_loadu_ps(mk[j], a.bias + n + 16 * j) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i)
+      _mm512_mask_storeu_ps(a.out + (m + i) * a.N + n + 16 * j, mk[j], final ? _mm512_add_ps(acc[i][j], b) : acc[i][j]);
+  }
+}
+
+// Rows [m, M) of x on one panel: tiles of kGemmRows rows, then one of the rest (Tile<MB>::run)
+template <template <int> class Tile, int R, class... Args>
+inline void run_rest(const Dense16Args& a, int64_t m, int64_t rest, Args... args) {
+  if constexpr (R > 0) {
+    if (rest == R) Tile<R>::run(a, m, args...);
+    else run_rest<Tile, R - 1>(a, m, rest, args...);
+  }
+}
+
+template <template <int> class Tile, class... Args>
+inline void run_rows(const Dense16Args& a, Args... args) {
+  int64_t m = 0;
+  for (; m + kGemmRows <= a.M; m += kGemmRows) Tile<kGemmRows>::run(a, m, args...);
+  if (m < a.M) run_rest<Tile, kGemmRows - 1>(a, m, a.M - m, args...);
+}
+
+// The panel GEMM (kDense16Panel; any weight type, from kDense16PanelMinRows
+// rows): the stream kernel's arithmetic exactly (W widened to fp32, each
+// output's FMAs over k in order through `out` between chunks: the same bits as
+// the stream kernel at 2+ rows), on [kPanelKc][64] fp32 panels: W[k0 .. k0 +
+// kPanelKc, n .. n + 64) widened as it is copied (zeros past N). Alone, on
+// the 0.3B's fp32 linears (Zen 4, 2 threads, W from DRAM): 1.0-1.4x the stream
+// kernel at 2-8 rows, 1.5x at 32, 1.8x from 64 rows (~0.98 of the FMA peak);
+// in the model's decode steps it lost below 8 rows (kernels.h).
+constexpr int64_t kPanelKc = kPanelBytes / (sizeof(float) * kGemmCols);  // 64 inputs
+
+template <int MB>
+struct PanelTile {
+  __attribute__((noinline)) static void run(const Dense16Args& a, int64_t m, const float* panel, int64_t kc,
+                                            int64_t k0, int64_t n, bool first, bool final) {
+    __m512 acc[MB][kGemmBlocks];
+    __mmask16 mk[kGemmBlocks];
+    tile_begin<MB>(a, acc, mk, m, n, first);
+    const float* x = a.x + m * a.ldx + k0;
+    for (int64_t k = 0; k < kc; ++k) {
+      __m512 wv[kGemmBlocks];
+#pragma GCC unroll 4
+      for (int j = 0; j < kGemmBlocks; ++j) wv[j] = _mm512_load_ps(panel + k * kGemmCols + 16 * j);
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) {
+        const __m512 xv = _mm512_set1_ps(x[i * a.ldx + k]);
+#pragma GCC unroll 4
+        for (int j = 0; j < kGemmBlocks; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    }
+    tile_end<MB>(a, acc, mk, m, n, final);
+  }
+};
+
+template <int WT>
+struct GemmPanel {
+  using W = typename Elem<WT>::T;
+  using P = float;
+  static constexpr int64_t kKc = kPanelKc, kPanelElems = kPanelKc * kGemmCols;
+  int64_t k_end(const Dense16Args& a) const { return a.K; }
+  // `tiles` panels of W[k0 .. k1, n ..): panel t holds row k's outputs n + 64t .. at (k - k0) * 64
+  __attribute__((noinline)) static void pack(const Dense16Args& a, int64_t k0, int64_t k1, int64_t n, int64_t tiles,
+                                             float* panels, const W* next, int64_t next_rows) {
+    const W* w = static_cast<const W*>(a.w);
+    const int64_t cols = tiles * kGemmCols;
+    for (int64_t k = k0; k < k1; ++k) {
+      const W* row = w + k * a.N + n;
+      // the row kPackAhead rows on, past k1 the next pack's
+      const int64_t i = k - k0 + kPackAhead;
+      const W* r = i < k1 - k0 ? row + kPackAhead * a.N
+                               : (next != nullptr && i - (k1 - k0) < next_rows ? next + (i - (k1 - k0)) * a.N : nullptr);
+      if (r != nullptr)
+        for (int64_t c = 0; c < cols; c += 64 / sizeof(W)) _mm_prefetch(reinterpret_cast<const char*>(r + c), _MM_HINT_T0);
+      float* dst = panels + (k - k0) * kGemmCols;
+      for (int64_t col = 0; col < cols; col += 16) {
+        const __mmask16 mk = n + col >= a.N ? (__mmask16)0 : mask16(a.N - n - col);
+        _mm512_store_ps(dst + col / kGemmCols * kPanelElems + col % kGemmCols, widen16<WT>(row + col, mk));
+      }
+    }
+  }
+  void rows(const Dense16Args& a, const float* panel, int64_t k0, int64_t n, bool first, bool final) const {
+    run_rows<PanelTile>(a, panel, min64(kKc, a.K - k0), k0, n, first, final);
+  }
+};
+
+template <int WT>
+bool gemm_panel(const Dense16Args& a) { return gemm_drive(a, GemmPanel<WT>{}, gemm_threads(a)); }
 
 }  // namespace
 
@@ -278,105 +543,58 @@ __attribute__((noinline)) void pack_panels_bf16(const Dense16Args& a, int64_t k0
 }
 
 template <int MB>
-__attribute__((noinline)) void gemm_tile(const Dense16Args& a, const uint16_t* xb, int64_t kp, const uint32_t* panel,
-                                         int64_t pairs, int64_t m, int64_t k0, int64_t n, bool first, bool final) {
-  const int64_t N = a.N;
-  __m512 acc[MB][kGemmBlocks];
-  __mmask16 mk[kGemmBlocks];
+struct Bf16Tile {
+  __attribute__((noinline)) static void run(const Dense16Args& a, int64_t m, const uint16_t* xb, int64_t kp,
+                                            const uint32_t* panel, int64_t pairs, int64_t k0, int64_t n, bool first,
+                                            bool final) {
+    __m512 acc[MB][kGemmBlocks];
+    __mmask16 mk[kGemmBlocks];
+    tile_begin<MB>(a, acc, mk, m, n, first);
+    const uint16_t* x = xb + m * kp + k0;
+    for (int64_t p = 0; p < pairs; ++p) {
+      __m512bh wv[kGemmBlocks];
 #pragma GCC unroll 4
-  for (int j = 0; j < kGemmBlocks; ++j) mk[j] = n + 16 * j >= N ? (__mmask16)0 : mask16(N - n - 16 * j);
+      for (int j = 0; j < kGemmBlocks; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(panel + p * kGemmCols + 16 * j);
 #pragma GCC unroll 8
-  for (int i = 0; i < MB; ++i)
+      for (int i = 0; i < MB; ++i) {
+        uint32_t pair;
+        __builtin_memcpy(&pair, x + i * kp + 2 * p, 4);
+        const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
 #pragma GCC unroll 4
-    for (int j = 0; j < kGemmBlocks; ++j)
-      acc[i][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk[j], a.out + (m + i) * N + n + 16 * j);
-  const uint16_t* x = xb + m * kp + k0;
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512bh wv[kGemmBlocks];
-#pragma GCC unroll 4
-    for (int j = 0; j < kGemmBlocks; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(panel + p * kGemmCols + 16 * j);
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i) {
-      uint32_t pair;
-      __builtin_memcpy(&pair, x + i * kp + 2 * p, 4);
-      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
-#pragma GCC unroll 4
-      for (int j = 0; j < kGemmBlocks; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+        for (int j = 0; j < kGemmBlocks; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+      }
     }
+    tile_end<MB>(a, acc, mk, m, n, final);
   }
-#pragma GCC unroll 4
-  for (int j = 0; j < kGemmBlocks; ++j) {
-    const __m512 b = final && a.bias != nullptr ? _mm512_maskz_loadu_ps(mk[j], a.bias + n + 16 * j) : _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i)
-      _mm512_mask_storeu_ps(a.out + (m + i) * N + n + 16 * j, mk[j], final ? _mm512_add_ps(acc[i][j], b) : acc[i][j]);
-  }
-}
+};
 
-template <int R>
-inline void gemm_rows_tail(const Dense16Args& a, const uint16_t* xb, int64_t kp, const uint32_t* panel, int64_t pairs,
-                           int64_t m, int64_t rest, int64_t k0, int64_t n, bool first, bool final) {
-  if constexpr (R > 0) {
-    if (rest == R) gemm_tile<R>(a, xb, kp, panel, pairs, m, k0, n, first, final);
-    else gemm_rows_tail<R - 1>(a, xb, kp, panel, pairs, m, rest, k0, n, first, final);
+struct GemmBf16 {
+  using W = uint16_t;
+  using P = uint32_t;
+  static constexpr int64_t kKc = kGemmKc, kPanelElems = kPanelWords;
+  const uint16_t* xb;  // x rounded to bf16, [M, kp]
+  int64_t kp;          // K, even
+  int64_t k_end(const Dense16Args&) const { return kp; }
+  static void pack(const Dense16Args& a, int64_t k0, int64_t k1, int64_t n, int64_t tiles, uint32_t* panels,
+                   const uint16_t* next, int64_t next_rows) {
+    pack_panels_bf16(a, k0, k1, n, tiles, panels, next, next_rows);
   }
-}
-
-// This thread's kGemmSuper panels (128 KB), allocated on its first GEMM and
-// kept: an allocation this size per call would be mmap'd and faulted in again
-// each time. Null when it cannot be allocated.
-uint32_t* thread_panels() {
-  static thread_local uint32_t* panels = nullptr;
-  if (panels == nullptr)
-    panels = static_cast<uint32_t*>(std::aligned_alloc(64, sizeof(uint32_t) * kPanelWords * kGemmSuper));
-  return panels;
-}
+  void rows(const Dense16Args& a, const uint32_t* panel, int64_t k0, int64_t n, bool first, bool final) const {
+    run_rows<Bf16Tile>(a, xb, kp, panel, (min64(k0 + kGemmKc, kp) - k0) / 2, k0, n, first, final);
+  }
+};
 
 // Returns false when scratch cannot be allocated: the caller then runs the
 // stream kernel, which rewrites every output
 bool gemm_bf16(const Dense16Args& a) {
   const int64_t kp = (a.K + 1) / 2 * 2;
-  const int64_t tiles = (a.N + kGemmCols - 1) / kGemmCols;
-  int threads = a.threads < 1 ? 1 : a.threads;
-  if (a.M * a.N * a.K < kMinParallelMacs || tiles < 2) threads = 1;
+  const int threads = gemm_threads(a);
   uint16_t* xb = static_cast<uint16_t*>(std::malloc(sizeof(uint16_t) * a.M * kp + 64));
   if (xb == nullptr) return false;
   round_rows_bf16(a, xb, kp, threads);
-  int failed = 0;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1) reduction(| : failed)
-  for (int64_t t = 0; t < threads; ++t) {
-    uint32_t* mine = thread_panels();
-    if (mine == nullptr) {
-      failed = 1;
-      continue;
-    }
-    // chunk by chunk, each across the thread's outputs: the packs continue
-    // along the same rows of W, so each next pack's rows are prefetched
-    const int64_t t0 = tiles * t / threads, t1 = tiles * (t + 1) / threads;
-    const uint16_t* w = static_cast<const uint16_t*>(a.w);
-    for (int64_t k0 = 0; k0 < kp; k0 += kGemmKc) {
-      const int64_t k1 = min64(k0 + kGemmKc, a.K), pairs = (min64(k0 + kGemmKc, kp) - k0) / 2;
-      const bool first = k0 == 0, final = k0 + kGemmKc >= kp;
-      for (int64_t st = t0; st < t1; st += kGemmSuper) {
-        const int64_t nt = min64(kGemmSuper, t1 - st);
-        // the next pack: the next super-tile of these rows, else the next chunk's first
-        const uint16_t* next = st + nt < t1 ? w + k0 * a.N + (st + nt) * kGemmCols
-                                            : (k1 < a.K ? w + k1 * a.N + t0 * kGemmCols : nullptr);
-        const int64_t next_rows = st + nt < t1 ? k1 - k0 : min64(kGemmKc, a.K - k1);
-        pack_panels_bf16(a, k0, k1, st * kGemmCols, nt, mine, next, next_rows);
-        for (int64_t tt = 0; tt < nt; ++tt) {
-          const uint32_t* panel = mine + tt * kPanelWords;
-          const int64_t n = (st + tt) * kGemmCols;
-          int64_t m = 0;
-          for (; m + kGemmRows <= a.M; m += kGemmRows)
-            gemm_tile<kGemmRows>(a, xb, kp, panel, pairs, m, k0, n, first, final);
-          if (m < a.M) gemm_rows_tail<kGemmRows - 1>(a, xb, kp, panel, pairs, m, a.M - m, k0, n, first, final);
-        }
-      }
-    }
-  }
+  const bool done = gemm_drive(a, GemmBf16{xb, kp}, threads);
   std::free(xb);
-  return failed == 0;
+  return done;
 }
 
 }  // namespace
@@ -392,21 +610,31 @@ bool dense16_has_bf16_dot() {
 
 int dense16_kernel(const Dense16Args& a) {
   if (a.kernel != kDense16Auto) return a.kernel;
-  if (a.wtype != kDense16Bf16 || a.M < kDense16GemmMinRows) return kDense16Stream;
+  if (a.M < kDense16PanelMinRows) return kDense16Stream;
+  // a wide 16-bit W (the LM head) below kDense16GemmMinRows rows: the stream kernel's chunks read its rows in
+  // runs of tens of KB, the panels' packs in 1-2 KB runs, which the memory serves slower
+  if (a.wtype != kDense16Fp32 && a.M < kDense16GemmMinRows && a.N > kDense16PanelMaxN) return kDense16Stream;
+  if (a.wtype != kDense16Bf16 || a.M < kDense16GemmMinRows) return kDense16Panel;
   // AMX-BF16 from kDense16GemmMinRows rows, except a wide matrix (the LM head) below
   // kDense16AmxWideRows: the per-call packing of W is then not amortised (measured on a
   // Xeon with AMX, [1024, 103424] at 16 rows: 0.90x vdpbf16ps on 2 threads; 1.31x at 32)
   if (amx_bf16_enabled() && (a.M >= kDense16AmxWideRows || a.N * a.K < kDense16AmxWideElems)) return kDense16Amx;
-  return dense16_has_bf16_dot() ? kDense16Gemm : kDense16Stream;
+  return dense16_has_bf16_dot() ? kDense16Gemm : kDense16Panel;
 }
 
 void dense16_linear_avx512(const Dense16Args& a) {
   if (a.M <= 0 || a.N <= 0) return;
-  // the GEMMs answer false (nothing written) when their scratch cannot be allocated
+  // the GEMMs answer false (nothing written) when their scratch cannot be allocated; the stream
+  // kernel then rewrites every output
   const int kernel = dense16_kernel(a);
   const bool bf16 = a.wtype == kDense16Bf16 && a.K > 0;
   if (kernel == kDense16Amx && bf16 && amx_bf16_available() && dense16_gemm_amx(a)) return;
   if ((kernel == kDense16Gemm || kernel == kDense16Amx) && bf16 && dense16_has_bf16_dot() && gemm_bf16(a)) return;
+  if (kernel == kDense16Panel && a.K > 0) {
+    const bool done = a.wtype == kDense16Bf16 ? gemm_panel<kBf16>(a)
+                      : a.wtype == kDense16Fp16 ? gemm_panel<kFp16>(a) : gemm_panel<kFp32>(a);
+    if (done) return;
+  }
   if (a.wtype == kDense16Bf16) stream<kBf16>(a);
   else if (a.wtype == kDense16Fp16) stream<kFp16>(a);
   else stream<kFp32>(a);

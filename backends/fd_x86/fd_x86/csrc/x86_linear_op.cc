@@ -393,8 +393,9 @@ std::vector<paddle::Tensor> Dense16Linear(const paddle::Tensor& x, const paddle:
   PD_CHECK(x.is_contiguous() && w.is_contiguous(), op, ": x and w must be contiguous");
   PD_CHECK(x.shape()[1] == w.shape()[0], op, ": x has K = ", x.shape()[1], " input features, w [K, N] has ",
            w.shape()[0]);
-  PD_CHECK(kernel >= fdx86::kDense16Auto && kernel <= fdx86::kDense16Gemm, op,
-           ": kernel must be 0 (auto), 1 (stream) or 2 (bf16 GEMM), got ", kernel);
+  PD_CHECK(kernel == fdx86::kDense16Auto || kernel == fdx86::kDense16Stream || kernel == fdx86::kDense16Gemm ||
+               kernel == fdx86::kDense16Panel,
+           op, ": kernel must be 0 (auto), 1 (stream), 2 (bf16 GEMM) or 4 (panel), got ", kernel);
   PD_CHECK(fdx86::cpu_has_avx512(), op, ": needs AVX-512 F/BW/VL/DQ, which this CPU lacks");
   fdx86::Dense16Args a;
   a.M = x.shape()[0];
