@@ -225,35 +225,24 @@ constexpr int64_t kSplitPrefetch = 8192;
 constexpr int kMaxSplitThreads = 64;
 
 // out[n] (+)= x[k] * W[k, n] over rows [k0, k1), every n; `first`: out starts at 0
-template <int WT, bool kFirst>
-inline void split_row(const Dense16Args& a, int64_t k, float* out) {
-  using E = typename Elem<WT>::T;
-  constexpr int64_t kLine = 64 / sizeof(E);  // weights per 64-byte line: 16 or 32
-  const int64_t N = a.N;
-  const E* row = static_cast<const E*>(a.w) + k * N;
-  const __m512 xv = _mm512_set1_ps(a.x[k]);
-  int64_t n = 0;
-  for (; n + kLine <= N; n += kLine) {
-    _mm_prefetch(reinterpret_cast<const char*>(row + n) + kSplitPrefetch, _MM_HINT_T0);
-#pragma GCC unroll 2
-    for (int64_t v = 0; v < kLine; v += 16) {
-      const __m512 acc = kFirst ? _mm512_setzero_ps() : _mm512_loadu_ps(out + n + v);
-      _mm512_storeu_ps(out + n + v, _mm512_fmadd_ps(xv, widen16<WT>(row + n + v, kAll), acc));
-    }
-  }
-  for (; n < N; n += 16) {
-    const __mmask16 mk = mask16(N - n);
-    const __m512 acc = kFirst ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk, out + n);
-    _mm512_mask_storeu_ps(out + n, mk, _mm512_fmadd_ps(xv, widen16<WT>(row + n, mk), acc));
-  }
-}
-
-// out[n] = sum over rows [k0, k1) of x[k] * W[k, n] (k in order), every n
+// out[n] (+)= x[k] * W[k, n] over rows [k0, k1), every n; out starts at 0.
+// Masked loads and stores throughout: the same loop with plain ones read 0.8x
+// as fast here (79 GB/s machine, 2 threads; equal at 45 GB/s), unexplained.
 template <int WT>
 void split_rows(const Dense16Args& a, int64_t k0, int64_t k1, float* out) {
-  if (k0 >= k1) return;
-  split_row<WT, true>(a, k0, out);
-  for (int64_t k = k0 + 1; k < k1; ++k) split_row<WT, false>(a, k, out);
+  using E = typename Elem<WT>::T;
+  const int64_t N = a.N;
+  for (int64_t k = k0; k < k1; ++k) {
+    const E* row = static_cast<const E*>(a.w) + k * N;
+    const __m512 xv = _mm512_set1_ps(a.x[k]);
+    const bool first = k == k0;
+    for (int64_t n = 0; n < N; n += 16) {
+      const __mmask16 mk = mask16(N - n);
+      const __m512 acc = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk, out + n);
+      _mm_prefetch(reinterpret_cast<const char*>(row + n) + kSplitPrefetch, _MM_HINT_T0);
+      _mm512_mask_storeu_ps(out + n, mk, _mm512_fmadd_ps(xv, widen16<WT>(row + n, mk), acc));
+    }
+  }
 }
 
 // The partial sums of threads 1.. (thread 0 writes `out`): the calling
