@@ -96,7 +96,7 @@ def dense16_linear(x: Any, weight: Any, bias: Any | None = None, kernel: str = "
                    threads: int | None = None) -> Any | None:
     """``x [..., K] @ weight [K, N] (+ bias)`` as fp32 ``[..., N]``, or None
     where the native kernels do not apply (see the module doc). ``kernel``
-    forces "stream" or "gemm" (tests); ``threads`` defaults to fd-core's CPU
+    forces "stream", "panel" or "gemm" (tests); ``threads`` defaults to fd-core's CPU
     thread count. Raises ValueError when x's last dimension is not K."""
     if str(weight.dtype) not in _DTYPES or str(x.dtype) != "paddle.float32" or len(weight.shape) != 2:
         return None

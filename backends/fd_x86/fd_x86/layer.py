@@ -12,7 +12,7 @@ It answers decode-only steps whose layers' four linear weights are each
 quantized with wint8, wint4, w8a8, w4a8 (VNNI: the int4 words with per-token int8
 activations, as ``fd_x86.linear.w4a8_linear``) or block_wise_fp8 (AVX-512: ``fd_x86.fp8``'s
 kernels, the weight read in place), or unquantized bf16 / fp16 (``--dtype
-bfloat16|float16``: ``fd_x86.dense16``'s kernel, in place), on fp32 CPU activations (norm weights
+bfloat16|float16|float32``: ``fd_x86.dense16``'s kernels, in place), on fp32 CPU activations (norm weights
 may be bf16/fp16 under ``--dtype``: upcast once, cached with the run), over
 KV caches of any ``--kv-cache-dtype`` the native KV ops read (fp32; bf16,
 fp16, int8 and fp8 on AVX-512: ``fd_x86.ops._kv_parts``), with the kernel
@@ -48,12 +48,12 @@ comparisons: the split runs, each MoE block its own call).
 A run may end with the model's head (``head``: a ``DecoderHead``; the
 plugin declares ``FD_DECODER_LAYERS_HEAD``): the op then normalizes the
 last layer's stream with the final norm and runs the LM head (any weight a
-layer's linear may be: quantized, or the bf16 / fp16 tied head in place)
+layer's linear may be: quantized, or the bf16 / fp16 / fp32 tied head in place)
 with the kernel ``fd_linear`` picks for as many rows, and returns the
 logits: a decode step's forward after the embedding is one call, and the
 ~40 us the final norm and ~25 us the LM head's call cost after the run
 streamed the weights through the caches are gone. A head it cannot take
-(an fp32 head, a norm not on the host) declines the whole run; ``Ops``
+(a float64 head, a norm not on the host) declines the whole run; ``Ops``
 then runs the layers and the head's own ops. ``FD_X86_FUSED_HEAD=0``
 declines every run with a head (A/B comparisons).
 
@@ -120,7 +120,7 @@ __all__ = ["decoder_layers"]
 
 WINT8_CONTRACT = 3  # the op's kernel code for wint8 on the contract layout [out, in]
 BLOCK_FP8 = 8  # its code for block_wise_fp8 codes [out, in] (packed_linear.h's kBlockFp8Method)
-# its codes for unquantized weights [in, out] read in place (packed_linear.h): 16-bit, and fp32 (stream kernel)
+# its codes for unquantized weights [in, out] read in place (packed_linear.h): 16-bit, and fp32
 DENSE16 = {"paddle.bfloat16": 4, "paddle.float16": 5, "paddle.float32": 11}
 # Per model (keyed by its rotary table, which it owns for its lifetime, through a weak
 # reference: the model's cache goes with it): the runs seen lately, content key -> (what the
@@ -509,7 +509,7 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
         return None
     if head is not None and (attention_only or not _head_enabled() or (
             not isinstance(head.weight, QuantizedWeight) and str(head.weight.dtype) not in DENSE16)):
-        return None  # an fp32 head (no kernel in a run), told by its dtype: before the run's signature
+        return None  # a head no kernel in a run takes (float64), told by its dtype: before the run's signature
     inputs = _run_inputs(layers, cos_sin, k_caches, v_caches, rows, head)
     if inputs is None:
         return None

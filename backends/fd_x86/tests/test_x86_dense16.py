@@ -85,6 +85,21 @@ def test_stream_and_panel_kernels_match_reference(dtype: str, rows: int, k: int,
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("kernel", ["panel", "gemm"])
+def test_a_narrow_weight_splits_the_rows_over_the_threads(dtype: str, kernel: str) -> None:
+    """Fewer 64-output tiles than threads (a MoE router's [1024, 64]): the threads take rows instead, with
+    every output's sum in the same order, so the bits equal one thread's."""
+    if kernel == "gemm" and (dtype != "bfloat16" or not cpu_features().has(AVX512_BF16_FLAG)):
+        pytest.skip("the bf16 GEMM takes bf16 weights on avx512_bf16 CPUs")
+    x, w, _, scale = _case(300, 1024, 64, dtype, seed=3, bias=False)
+    one = _dense(x, w, kernel=kernel, threads=1)
+    for threads in (2, 3, 7):
+        np.testing.assert_array_equal(_dense(x, w, kernel=kernel, threads=threads).numpy(), one.numpy())
+    tol = STREAM_TOL + (GEMM_REL_ERR if kernel == "gemm" else 0.0)
+    _check(one, reference_linear(x, w), scale, tol)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("k,n,threads", [(1024, 1100, 2), (1024, 1100, 3), (3, 400_000, 4), (515, 2048, 2)])
 def test_one_row_splits_the_inputs_over_the_threads(dtype: str, k: int, n: int, threads: int) -> None:
     """At one row each thread sums a contiguous run of W's rows and the partials are added in thread
@@ -115,7 +130,7 @@ def test_auto_runs_the_gemm_from_its_threshold_for_bf16_only(dtype: str, rows: i
     vdpbf16ps GEMM, or AMX-BF16 where the CPU has it, which agrees with the GEMM to fp32 summation order."""
     x, w, b, _ = _case(rows, 72, 1000, dtype, seed=5)
     gemm = dtype == "bfloat16" and rows >= GEMM_MIN_ROWS and cpu_features().has(AVX512_BF16_FLAG)
-    expected = _dense(x, w, b, kernel="gemm" if gemm else "panel", threads=1)
+    expected = _dense(x, w, b, kernel="gemm" if gemm else "stream", threads=1)
     got = _dense(x, w, b, threads=1).numpy()
     if gemm and cpu_features().has(*AMX_BF16_FLAGS) and os.environ.get("FD_X86_AMX") != "0":
         np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-5)
@@ -127,6 +142,20 @@ def test_threshold_matches_the_c_kernels() -> None:
     header = (Path(dense16.__file__).parent / "csrc" / "kernels.h").read_text()
     assert re.search(rf"kDense16GemmMinRows = {GEMM_MIN_ROWS};", header)
     assert re.search(rf"kDense16PanelMinRows = {PANEL_MIN_ROWS}, kDense16PanelMaxN = {PANEL_MAX_N};", header)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("rows", [1, PANEL_MIN_ROWS - 1, PANEL_MIN_ROWS, GEMM_MIN_ROWS - 1, GEMM_MIN_ROWS])
+@pytest.mark.parametrize("n", [PANEL_MAX_N, PANEL_MAX_N + 1])
+def test_the_op_and_python_choose_alike(dtype: str, rows: int, n: int) -> None:
+    """The op's own choice (kernel 0, as a fused run makes it) and dense16_linear's give the same bits, on
+    both sides of every threshold (one row: the split, whose bits depend on the thread setting only)."""
+    from fd_x86.build import load_ops
+
+    x, w, _, _ = _case(rows, 24, n, dtype, seed=rows + n, bias=False)
+    for threads in (1, 2):
+        np.testing.assert_array_equal(load_ops().fd_x86_dense16_linear(x, w, threads, 0).numpy(),
+                                      _dense(x, w, threads=threads).numpy())
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])

@@ -121,8 +121,9 @@ namespace fdx86 {
 // kDense16Auto: for bf16 weights with M >= kDense16GemmMinRows the AMX GEMM
 //   where amx_bf16_enabled() (a W of >= kDense16AmxWideElems elements only
 //   from kDense16AmxWideRows rows), else the avx512_bf16 GEMM where the CPU has it,
-//   else the stream kernel.
-// Dense16Args::wtype; kDense16Fp32: an fp32 weight in the same layout, on the stream kernel (no widening)
+//   else the panel kernel (below: kDense16Panel); otherwise stream or panel by
+//   rows and width (dense16_kernel).
+// Dense16Args::wtype; kDense16Fp32: an fp32 weight in the same layout, on the stream and panel kernels (no widening)
 constexpr int kDense16Bf16 = 0, kDense16Fp16 = 1, kDense16Fp32 = 2;
 constexpr int kDense16Auto = 0, kDense16Stream = 1, kDense16Gemm = 2, kDense16Amx = 3;  // Dense16Args::kernel
 constexpr int64_t kDense16GemmMinRows = 16;
@@ -142,11 +143,11 @@ struct Dense16Args {
   int64_t M = 0, N = 0, K = 0;
   const float* x = nullptr;  // [M, K], row stride ldx
   int64_t ldx = 0;
-  const void* w = nullptr;   // [K, N] 16-bit, contiguous
+  const void* w = nullptr;   // [K, N] bf16 / fp16 / fp32 (wtype), contiguous
   int wtype = kDense16Bf16;
   const float* bias = nullptr;  // [N] or null
   float* out = nullptr;         // [M, N], contiguous
-  int threads = 1;              // OpenMP threads over the outputs
+  int threads = 1;              // OpenMP threads (over the inputs at one row, else the outputs)
   int kernel = kDense16Auto;
 };
 

@@ -224,8 +224,7 @@ void stream_range(const Dense16Args& a, int64_t b0, int64_t b1) {
 constexpr int64_t kSplitPrefetch = 8192;
 constexpr int kMaxSplitThreads = 64;
 
-// out[n] (+)= x[k] * W[k, n] over rows [k0, k1), every n; `first`: out starts at 0
-// out[n] (+)= x[k] * W[k, n] over rows [k0, k1), every n; out starts at 0.
+// out[n] = sum over rows [k0, k1) of x[k] * W[k, n] (k in order), every n.
 // Masked loads and stores throughout: the same loop with plain ones read 0.8x
 // as fast here (79 GB/s machine, 2 threads; equal at 45 GB/s), unexplained.
 template <int WT>
@@ -245,42 +244,51 @@ void split_rows(const Dense16Args& a, int64_t k0, int64_t k1, float* out) {
   }
 }
 
-// The partial sums of threads 1.. (thread 0 writes `out`): the calling
-// thread's scratch, kept and grown; null when it cannot be allocated
-float* split_scratch(int64_t floats) {
-  static thread_local float* buf = nullptr;
-  static thread_local int64_t size = 0;
-  if (floats > size) {
-    std::free(buf);
-    size = 0;
-    buf = static_cast<float*>(std::aligned_alloc(64, (sizeof(float) * floats + 63) / 64 * 64));
-    if (buf != nullptr) size = floats;
+// Scratch kept by the calling host thread, grown as needed and freed when the
+// thread ends; null when it cannot be allocated
+struct Scratch {
+  void* p = nullptr;
+  int64_t bytes = 0;
+  ~Scratch() { std::free(p); }
+  void* get(int64_t want) {
+    want = (want + 63) / 64 * 64;
+    if (want > bytes) {
+      std::free(p);
+      bytes = 0;
+      p = std::aligned_alloc(64, want);
+      if (p != nullptr) bytes = want;
+    }
+    return p;
   }
-  return buf;
-}
+};
 
-// One row; false (nothing written) when scratch cannot be allocated
+// One row; false (nothing written) when scratch cannot be allocated. K is cut
+// into `threads` runs (the count asked, not the team OpenMP gives: a smaller
+// team, e.g. inside another parallel region, takes several runs a thread), so
+// an output's bits depend on the thread setting only: run r's partial sum (run
+// 0 in `out`, the others in the caller's scratch), then the runs in order.
 template <int WT>
 bool split(const Dense16Args& a) {
-  int64_t threads = a.threads < 1 ? 1 : a.threads;
-  if (a.N * a.K < kMinParallelMacs) threads = 1;
-  threads = min64(min64(threads, a.K), kMaxSplitThreads);
+  int64_t runs = a.threads < 1 ? 1 : a.threads;
+  if (a.N * a.K < kMinParallelMacs) runs = 1;
+  runs = min64(min64(runs, a.K), kMaxSplitThreads);
   const int64_t ld = (a.N + 15) / 16 * 16;  // a partial's stride: 64-byte aligned rows
-  float* parts = threads > 1 ? split_scratch((threads - 1) * ld) : nullptr;
-  if (threads > 1 && parts == nullptr) return false;
+  static thread_local Scratch scratch;
+  float* parts = runs > 1 ? static_cast<float*>(scratch.get(sizeof(float) * (runs - 1) * ld)) : nullptr;
+  if (runs > 1 && parts == nullptr) return false;
   const int64_t blocks = (a.N + 15) / 16;
-#pragma omp parallel num_threads(threads) if (threads > 1)
+#pragma omp parallel num_threads(runs) if (runs > 1)
   {
-    // the team OpenMP gave (no more than asked: fewer inside another parallel region)
     const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    split_rows<WT>(a, a.K * t / nt, a.K * (t + 1) / nt, t == 0 ? a.out : parts + (t - 1) * ld);
+    for (int64_t r = t; r < runs; r += nt)
+      split_rows<WT>(a, a.K * r / runs, a.K * (r + 1) / runs, r == 0 ? a.out : parts + (r - 1) * ld);
 #pragma omp barrier
-    // the partials, in thread order, and the bias: this thread's share of the outputs
+    // the partials, in run order, and the bias: this thread's share of the outputs
     for (int64_t b = blocks * t / nt; b < blocks * (t + 1) / nt; ++b) {
       const int64_t n = 16 * b;
       const __mmask16 mk = mask16(a.N - n);
       __m512 s = _mm512_maskz_loadu_ps(mk, a.out + n);
-      for (int64_t u = 1; u < nt; ++u) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(mk, parts + (u - 1) * ld + n));
+      for (int64_t u = 1; u < runs; ++u) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(mk, parts + (u - 1) * ld + n));
       if (a.bias != nullptr) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(mk, a.bias + n));
       _mm512_mask_storeu_ps(a.out + n, mk, s);
     }
@@ -300,8 +308,9 @@ void stream(const Dense16Args& a) {
 }
 
 // ------------------------------------------------------------------- GEMMs
-// Both GEMMs (fp32 weights below, bf16 after) walk W alike (gemm_drive): each
-// thread a range of 64-output tiles; chunk of G::kKc inputs by chunk, each
+// Both GEMMs (the panel kernel below, any weight type; the bf16 GEMM after)
+// walk W alike (gemm_drive): each thread a range of 64-output tiles (or, with
+// fewer tiles than threads, a range of rows); chunk of G::kKc inputs by chunk, each
 // across the thread's tiles, kGemmSuper panels packed at a time into the
 // thread's scratch. Row by row across the panels, so each row of W is read as
 // one run of up to 2 KB; the next pack's rows are prefetched meanwhile (the
@@ -314,19 +323,21 @@ void stream(const Dense16Args& a) {
 // each time. Null when it cannot be allocated.
 constexpr int64_t kPanelBytes = 16 * 1024;  // one panel: L1
 void* thread_panels() {
-  static thread_local void* panels = nullptr;
-  if (panels == nullptr) panels = std::aligned_alloc(64, kPanelBytes * kGemmSuper);
-  return panels;
+  static thread_local Scratch panels;
+  return panels.get(kPanelBytes * kGemmSuper);
 }
 
+// The GEMMs' team: threads split the 64-output tiles, or, with fewer tiles than
+// threads (a narrow W: the MoE router), the rows where there is one a thread
 int gemm_threads(const Dense16Args& a) {
-  const int64_t tiles = (a.N + kGemmCols - 1) / kGemmCols;
-  return a.M * a.N * a.K < kMinParallelMacs || tiles < 2 ? 1 : (a.threads < 1 ? 1 : a.threads);
+  const int64_t tiles = (a.N + kGemmCols - 1) / kGemmCols, threads = a.threads < 1 ? 1 : a.threads;
+  if (a.M * a.N * a.K < kMinParallelMacs) return 1;
+  return static_cast<int>(tiles >= threads || a.M >= threads ? threads : tiles);
 }
 
 // G: W (a weight element), P (a panel element), kKc (inputs per chunk),
 // kPanelElems, k_end(a) (K padded to G's step), pack(...) and rows(...)
-// (every row of x on one panel). False when scratch cannot be allocated.
+// (rows [m0, m1) of x on one panel). False when scratch cannot be allocated.
 template <class G>
 bool gemm_drive(const Dense16Args& a, const G& g, int threads) {
   using W = typename G::W;
@@ -340,7 +351,10 @@ bool gemm_drive(const Dense16Args& a, const G& g, int threads) {
       failed = 1;
       continue;
     }
-    const int64_t t0 = tiles * t / threads, t1 = tiles * (t + 1) / threads;
+    // this thread's tiles and rows: a share of the tiles and every row, or every tile and a share of the rows
+    const bool by_rows = tiles < threads;
+    const int64_t t0 = by_rows ? 0 : tiles * t / threads, t1 = by_rows ? tiles : tiles * (t + 1) / threads;
+    const int64_t m0 = by_rows ? a.M * t / threads : 0, m1 = by_rows ? a.M * (t + 1) / threads : a.M;
     const W* w = static_cast<const W*>(a.w);
     for (int64_t k0 = 0; k0 < kend; k0 += G::kKc) {
       const int64_t k1 = min64(k0 + G::kKc, a.K);
@@ -352,7 +366,8 @@ bool gemm_drive(const Dense16Args& a, const G& g, int threads) {
                                      : (k1 < a.K ? w + k1 * a.N + t0 * kGemmCols : nullptr);
         const int64_t next_rows = st + nt < t1 ? k1 - k0 : min64(G::kKc, a.K - k1);
         G::pack(a, k0, k1, st * kGemmCols, nt, mine, next, next_rows);
-        for (int64_t tt = 0; tt < nt; ++tt) g.rows(a, mine + tt * G::kPanelElems, k0, (st + tt) * kGemmCols, first, final);
+        for (int64_t tt = 0; tt < nt; ++tt)
+          g.rows(a, m0, m1, mine + tt * G::kPanelElems, k0, (st + tt) * kGemmCols, first, final);
       }
     }
   }
@@ -385,7 +400,7 @@ inline void tile_end(const Dense16Args& a, __m512 (&acc)[MB][kGemmBlocks], const
   }
 }
 
-// Rows [m, M) of x on one panel: tiles of kGemmRows rows, then one of the rest (Tile<MB>::run)
+// Rows [m0, m1) of x on one panel: tiles of kGemmRows rows, then one of the rest (Tile<MB>::run)
 template <template <int> class Tile, int R, class... Args>
 inline void run_rest(const Dense16Args& a, int64_t m, int64_t rest, Args... args) {
   if constexpr (R > 0) {
@@ -395,10 +410,10 @@ inline void run_rest(const Dense16Args& a, int64_t m, int64_t rest, Args... args
 }
 
 template <template <int> class Tile, class... Args>
-inline void run_rows(const Dense16Args& a, Args... args) {
-  int64_t m = 0;
-  for (; m + kGemmRows <= a.M; m += kGemmRows) Tile<kGemmRows>::run(a, m, args...);
-  if (m < a.M) run_rest<Tile, kGemmRows - 1>(a, m, a.M - m, args...);
+inline void run_rows(const Dense16Args& a, int64_t m0, int64_t m1, Args... args) {
+  int64_t m = m0;
+  for (; m + kGemmRows <= m1; m += kGemmRows) Tile<kGemmRows>::run(a, m, args...);
+  if (m < m1) run_rest<Tile, kGemmRows - 1>(a, m, m1 - m, args...);
 }
 
 // The panel GEMM (kDense16Panel; any weight type, from kDense16PanelMinRows
@@ -460,8 +475,9 @@ struct GemmPanel {
       }
     }
   }
-  void rows(const Dense16Args& a, const float* panel, int64_t k0, int64_t n, bool first, bool final) const {
-    run_rows<PanelTile>(a, panel, min64(kKc, a.K - k0), k0, n, first, final);
+  void rows(const Dense16Args& a, int64_t m0, int64_t m1, const float* panel, int64_t k0, int64_t n, bool first,
+            bool final) const {
+    run_rows<PanelTile>(a, m0, m1, panel, min64(kKc, a.K - k0), k0, n, first, final);
   }
 };
 
@@ -568,8 +584,9 @@ struct GemmBf16 {
                    const uint16_t* next, int64_t next_rows) {
     pack_panels_bf16(a, k0, k1, n, tiles, panels, next, next_rows);
   }
-  void rows(const Dense16Args& a, const uint32_t* panel, int64_t k0, int64_t n, bool first, bool final) const {
-    run_rows<Bf16Tile>(a, xb, kp, panel, (min64(k0 + kGemmKc, kp) - k0) / 2, k0, n, first, final);
+  void rows(const Dense16Args& a, int64_t m0, int64_t m1, const uint32_t* panel, int64_t k0, int64_t n, bool first,
+            bool final) const {
+    run_rows<Bf16Tile>(a, m0, m1, xb, kp, panel, (min64(k0 + kGemmKc, kp) - k0) / 2, k0, n, first, final);
   }
 };
 

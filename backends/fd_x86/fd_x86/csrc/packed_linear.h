@@ -37,7 +37,7 @@ constexpr int kWint4Bf16Act = 9;
 // to bf16 (wint8_pairs_bf16_avx512; avx512_bf16), at every row count.
 constexpr int kWint8Bf16Act = 10;
 // 11 = an unquantized fp32 weight in the reference's layout [K, N], read in place by
-// dense16_linear_avx512's stream kernel (scales unused): an fp32 model's linears in the run.
+// dense16_linear_avx512's kernels (scales unused): an fp32 model's linears in the run.
 constexpr int kDenseFp32Method = 11;
 LinearArgs packed_linear_args(const char* op, const float* x, int64_t M, int64_t K, const paddle::Tensor& packed,
                               const paddle::Tensor& scales, int method, int64_t n, int group_size, int threads);
