@@ -32,6 +32,7 @@ NAME = "fd_x86_ops"
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("x86_linear_op.cc", "kernels_avx512.cc", "kernels_avx2.cc", "x86_ops.cc", "kernels_ops.cc",
            "kernels_attn_avx512.cc", "kernels_amx.cc", "kernels_cpu.cc", "kernels_dense16.cc",
+           "kernels_dense16_gemm.cc",
            "x86_moe_op.cc", "kernels_moe_avx512.cc", "kernels_amx_bf16.cc",
            "shm_comm.cc", "x86_moe_layer_op.cc", "kernels_prefill_avx512.cc",
            "x86_bitmask_op.cc", "x86_fp8_op.cc", "kernels_fp8_avx512.cc", "kernels_fp8_bf16.cc",
@@ -40,7 +41,7 @@ SOURCES = ("x86_linear_op.cc", "kernels_avx512.cc", "kernels_avx2.cc", "x86_ops.
            "kernels_int4_bf16.cc", "kernels_int8_bf16.cc")
 HEADERS = ("kernels.h", "tiling.h", "amx_tiles.h", "ops_kernels.h", "packed_linear.h", "moe_kernels.h", "cpu_features.h",
            "moe_op.h", "prefill_kernels.h", "fp8_kernels.h", "vision_kernels.h", "simd_exp.h",
-           "offline_kernels.h", "offline_op.h", "packed_drive.h")
+           "offline_kernels.h", "offline_op.h", "packed_drive.h", "dense16_common.h")
 # No -march=native: each kernel TU targets its ISA with #pragma GCC target
 # and the op dispatches at run time, so the cached .so runs on any x86-64.
 CXXFLAGS = ["-O3", "-std=c++17", "-fopenmp", "-Wall", "-Wno-unused-function"]

@@ -13,7 +13,7 @@ mkdir -p "$out"
   "$csrc/kernels_avx512.cc" "$csrc/kernels_amx.cc" "$csrc/kernels_cpu.cc" -o "$out/harness"
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}" "$out/harness" check
 "${CXX:-g++}" -O3 -std=c++17 -fopenmp -I"$csrc" "$here/dense16_amx.cc" \
-  "$csrc/kernels_dense16.cc" "$csrc/kernels_amx_bf16.cc" "$csrc/kernels_cpu.cc" -o "$out/dense16_amx"
+  "$csrc/kernels_dense16.cc" "$csrc/kernels_dense16_gemm.cc" "$csrc/kernels_amx_bf16.cc" "$csrc/kernels_cpu.cc" -o "$out/dense16_amx"
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}" "$out/dense16_amx" check
 if [[ "${1:-}" == "--bench" ]]; then
   OMP_NUM_THREADS=2 taskset -c 0,1 "$out/harness" bench 2
