@@ -4,7 +4,7 @@
 (``x [..., K] @ W [K, N] + bias``, fp32 out) on a bfloat16 / float16 / float32
 weight in the reference's own layout, read in place, in its dtype, once per
 call: no fp32 copy of a 16-bit weight and no repacked one is kept
-(``csrc/kernels_dense16.cc``):
+(``csrc/kernels_dense16.cc``, ``csrc/kernels_dense16_gemm.cc``):
 
 - stream (one row; a 16-bit weight wider than ``PANEL_MAX_N`` outputs, the LM
   head, below ``GEMM_MIN_ROWS``; every call below ``PANEL_MIN_ROWS``): the
