@@ -169,9 +169,9 @@ void stream_range(const Dense16Args& a, int64_t b0, int64_t b1) {
 // one sequential stream per thread, prefetched kSplitPrefetch bytes ahead
 // (the VM's hardware prefetchers alone read it at a quarter of the bandwidth),
 // into its own partial sums of all N outputs (L1 / L2: the LM head's 400 KB
-// too); the partials are then added in thread order. 0.94x of a plain read
-// there, 1.65x the chunked walk (fp32, the 0.3B's linears and head).
-// Summation order: k in order within a thread's run, then the runs in order.
+// too); the partials are then added in run order (split, below). 0.95x of a
+// plain read there, 1.65x the chunked walk (fp32, the 0.3B's linears and head).
+// Summation order: k in order within a run, then the runs in order.
 constexpr int64_t kSplitPrefetch = 8192;
 constexpr int kMaxSplitThreads = 64;
 
