@@ -52,9 +52,10 @@ def _run(x: np.ndarray, quant: QuantizedWeight, method: int, threads: int = 2) -
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("group", [8, 64, -1])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 6, 7, 13, 70])
-def test_the_kernel_is_the_bf16_activations_dot_product(rows: int, group: int, threads: int) -> None:
-    rng = np.random.default_rng(rows * 97 + group + threads)
-    n, k = 37, 136  # an N tail (3 blocks, the last short) and K % 16 == 8 (a half block of activations)
+@pytest.mark.parametrize("n", [37, 150])  # 3 blocks (one short word group); 10 (word groups of 4, 4, 2)
+def test_the_kernel_is_the_bf16_activations_dot_product(rows: int, group: int, threads: int, n: int) -> None:
+    rng = np.random.default_rng(rows * 97 + group + threads + n)
+    k = 136  # K % 16 == 8 (a half block of activations); n = 37: an N tail (the last block short)
     quant, deq = _weight(rng, n, k, group)
     x = rng.normal(0, 1, (rows, k)).astype(np.float32) * np.float32(3.0)
     got = _run(x, quant, BF16_METHOD, threads)

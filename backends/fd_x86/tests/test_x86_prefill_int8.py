@@ -41,7 +41,7 @@ def _expect_int4(x: np.ndarray, codes: np.ndarray, scales: np.ndarray, group: in
     return (dots.astype(np.float64) * scales[None].astype(np.float64)).sum(-1) * s[:, None]
 
 
-@pytest.mark.parametrize("m,n,k,group", [(32, 40, 256, 128), (45, 64, 384, 64), (64, 17, 128, 8)])
+@pytest.mark.parametrize("m,n,k,group", [(32, 40, 256, 128), (45, 64, 384, 64), (64, 17, 128, 8), (33, 150, 128, 32)])
 def test_wint4_int8_act_matches_the_stated_arithmetic(monkeypatch: pytest.MonkeyPatch, m: int, n: int, k: int,
                                                       group: int) -> None:
     from fd_x86.linear import quantized_linear

@@ -27,29 +27,38 @@ def _codes(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, np.nda
 
 def test_pack_weight_words_layout() -> None:
     from fd_x86.linear import pack_weight, wint4_words
+    from fd_x86.packing import WORD_GROUP
 
     rng = np.random.default_rng(0)
-    _, q4 = _codes(rng, 20, 16)  # K = 16: two words per channel
-    s4 = rng.random((20, 2), dtype=np.float32)  # group 8
+    _, q4 = _codes(rng, 100, 16)  # K = 16: two words per channel; 7 blocks: a group of 4 and a short one of 3
+    s4 = rng.random((100, 2), dtype=np.float32)  # group 8
     w, s = pack_weight("wint4", q4, s4, 8)
-    assert w.dtype == np.uint8 and w.shape == (2, 2, 64)  # [N16, K/8, 16 words of 4 bytes]
-    words = w.view("<u4").reshape(2, 2, 16)
-    assert words[1, 1, 3] == int.from_bytes(q4[19, 4:8].tobytes(), "little")  # inputs 8..15 of channel 19
-    assert words[0, 0, 5] == int.from_bytes(q4[5, 0:4].tobytes(), "little")
-    assert words[1, 0, 4] == 0  # channel 20: padding
-    assert s.shape == (2, 2, 16) and s[1, 1, 3] == s4[19, 1] and s[1, 1, 4] == 0
+    assert w.dtype == np.uint8 and w.shape == (7, 2, 64)  # [N16, K/8, 16 words of 4 bytes] in size
+    words = w.view("<u4").reshape(-1)
+    assert WORD_GROUP == 4
+    for b in range(7):
+        g0 = b - b % 4
+        in_group = min(4, 7 - g0)
+        for kb in range(2):
+            for c in range(16):
+                at = g0 * 2 * 16 + kb * in_group * 16 + (b - g0) * 16 + c  # group g0: [K/8][its blocks][16]
+                n = 16 * b + c
+                want = int.from_bytes(q4[n, 4 * kb:4 * kb + 4].tobytes(), "little") if n < 100 else 0
+                assert words[at] == want, (b, kb, c)
+    assert s.shape == (7, 2, 16) and s[6, 1, 3] == s4[99, 1] and s[6, 1, 4] == 0
     assert wint4_words(16, 8) and wint4_words(16, -1) and not wint4_words(16, 4) and not wint4_words(12, -1)
     # without a group size it is K / G, as before: 4 here, so the byte layout
-    assert pack_weight("wint4", q4, np.ones((20, 4), np.float32))[0].shape == (2, 8, 16)
+    assert pack_weight("wint4", q4[:20], np.ones((20, 4), np.float32))[0].shape == (2, 8, 16)
 
 
 @pytest.mark.parametrize("group", [8, 32, -1, 4])  # 4: the byte layout, for comparison
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 13])
-def test_packed_wint4_exact_integer_dot_products(rows: int, group: int) -> None:
+@pytest.mark.parametrize("n", [37, 150])  # 3 blocks (one short word group); 10 (groups of 4, 4, 2)
+def test_packed_wint4_exact_integer_dot_products(rows: int, group: int, n: int) -> None:
     from fd_x86.linear import quantized_linear
 
-    rng = np.random.default_rng(rows * 31 + group)
-    n, k = 37, 64  # an N tail (3 blocks, the last short)
+    rng = np.random.default_rng(rows * 31 + group + n)
+    k = 64
     codes, q4 = _codes(rng, n, k)
     groups = 1 if group == -1 else k // group
     exps = rng.integers(-3, 3, (n, groups))

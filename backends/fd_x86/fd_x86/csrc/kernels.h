@@ -101,6 +101,37 @@ void w8a8_avx2(const LinearArgs& a);
 
 }  // namespace fdx86
 
+namespace {  // internal linkage: compiled for each includer's ISA, never merged
+
+// The packed int4 word layout (fd_x86/packing.py): 16-channel blocks in groups
+// of kWordGroup (the last group may be short), each group's uint32 words
+// [K/8][its blocks][16] (word (kb, b, c) = channel 16 b + c's codes of inputs
+// 8 kb .. 8 kb + 7). A work item of one group's blocks thus reads one
+// sequential stream, not one per block. At one row the hardware prefetcher
+// then does better alone, so the kernels prefetch only in tiles of 2+ rows.
+// Zen 4, 2 threads, the 0.3B's int4 weights at one row: w4a8's tile read at
+// 0.71x of a plain read with a stream per block and software prefetch, at
+// ~1.0x with one stream and none (a microbenchmark); the B=1 decode step went
+// 1.2-1.3x faster (benchmarks/decode_bandwidth.py, README). A tile's blocks
+// must lie in one group (items of 4 blocks from a multiple of 4, or of 2
+// from a multiple of 2).
+constexpr int64_t kWordGroup = 4;
+
+// Where block b's word at kb = 0 is (`first`), and the words between its kb
+// and kb + 1 (`stride`); block b + j of the same group is `16 j` words on.
+struct WordBlock {
+  const uint32_t* first;
+  int64_t stride;
+};
+
+inline WordBlock word_block(const void* w, int64_t N, int64_t K, int64_t b) {
+  const int64_t blocks = (N + 15) / 16, g0 = b - b % kWordGroup;
+  const int64_t in_group = blocks - g0 < kWordGroup ? blocks - g0 : kWordGroup;
+  return {static_cast<const uint32_t*>(w) + g0 * (K / 8) * 16 + (b - g0) * 16, in_group * 16};
+}
+
+}  // namespace
+
 namespace fdx86 {
 
 // ------------------------------------------------------------------------

@@ -190,7 +190,8 @@ struct W8A8 {
 //          work item reads one stream (channels past N are 0)
 //   wint4: uint8 [N16][K/2][16] (the contract's bytes), scales [N16][G][16];
 //          where K and the group size are multiples of 8, uint32 words
-//          [N16][K/8][16] of 8 codes each instead (Wint4Words)
+//          of 8 codes each instead, blocks in groups of 4, each group
+//          [K/8][its blocks][16] (Wint4Words; kernels.h kWordGroup)
 //   w8a8:  uint8 [N16][K4][16][4] = w ^ 0x80  (K padded to 4 with w = 0)
 // Work items: kBlocks blocks (32 channels); register tiles MB rows x NB blocks
 // (packed_drive.h).
@@ -329,7 +330,8 @@ struct Wint4Packed {
 };
 
 // wint4 in words, where K and the group size are multiples of 8: uint32
-// [N16][K/8][16], word (kb, c) = channel c's codes of inputs 8kb .. 8kb+7,
+// words in groups of 4 blocks (kernels.h word_block), word (kb, c) of a block
+// = its channel c's codes of inputs 8kb .. 8kb+7,
 // input 8kb+t in bits 4t..4t+3: the contract's bytes 4kb .. 4kb+3 read as a
 // little-endian uint32. One 64-byte load brings 128 codes; a code becomes
 // fp32 in one vpermps (its low 4 bits index the 16 values -8..7), the next

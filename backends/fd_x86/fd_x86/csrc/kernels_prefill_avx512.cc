@@ -15,12 +15,15 @@ using fdx86::LinearArgs;
 
 constexpr int kRows = 4;     // register tile: rows of x
 constexpr int kBlocks = 4;   // x blocks of 16 output channels (a work item)
+static_assert(kWordGroup % kBlocks == 0, "a work item's blocks must lie in one word group");
 constexpr int64_t kRowPass = 64;  // rows per pass over a work item's weights (they stay in L2)
 
-// Software prefetch this many bytes ahead in each block's weight stream (as
-// the packed kernels do, kernels_avx512.cc): at one row w4a8 decode steps
-// ran 1.04-1.09x faster on the 0.3B and 1.05x on a 21B-wide model than with
-// the hardware prefetcher alone (Zen 4, 2 threads); 512 or 2048 bytes did worse.
+// Software prefetch this many bytes ahead in the work item's weight stream,
+// in tiles of more than one row. With a stream per block (before the word
+// groups) it made one-row w4a8 decode steps 1.04-1.09x faster; with one
+// stream per item the hardware prefetcher alone is faster at one row (the
+// 0.3B's B=1 step 1.15x, same process, Zen 4, 2 threads) and prefetching
+// still wins at 8 rows (1.02x): kernels.h's kWordGroup.
 constexpr int64_t kPrefetchAhead = 1024;
 
 inline __mmask16 mask16(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
@@ -29,8 +32,8 @@ inline __mmask16 mask16(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mma
 // products of (code + 8) with xq, then (dot - 8 * gsum) * scale into fp32.
 template <int MB, int NB>
 inline void tile(const LinearArgs& a, int64_t m, int64_t nb0) {
-  const int64_t K8 = a.K / 8, G = a.groups, words_per_group = a.group_size / 8;
-  const uint32_t* w = static_cast<const uint32_t*>(a.w) + nb0 * K8 * 16;
+  const int64_t G = a.groups, words_per_group = a.group_size / 8;
+  const WordBlock wb = word_block(a.w, a.N, a.K, nb0);
   const __m512i flip = _mm512_set1_epi32(static_cast<int>(0x88888888u));
   const __m512i low4 = _mm512_set1_epi32(0x0F0F0F0F);
   __m512 facc[MB][NB];
@@ -49,8 +52,9 @@ inline void tile(const LinearArgs& a, int64_t m, int64_t nb0) {
       __m512i lo[NB], hi[NB];
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + (j * K8 + kb) * 16) + kPrefetchAhead, _MM_HINT_T0);
-        const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(w + (j * K8 + kb) * 16), flip);
+        const uint32_t* p = wb.first + kb * wb.stride + j * 16;
+        if constexpr (MB > 1) _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T0);
+        const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(p), flip);
         lo[j] = _mm512_and_si512(v, low4);
         hi[j] = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
       }

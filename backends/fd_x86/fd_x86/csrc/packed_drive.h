@@ -112,7 +112,8 @@ struct Wint4WordsTile {
     constexpr int H = MB <= 2 ? 2 : 1;
     constexpr int S = Codes::kSteps;
     const int64_t K8 = a.K / 8, gw = a.group_size / 8, G = a.groups;
-    const uint32_t* w = static_cast<const uint32_t*>(a.w) + nb0 * K8 * 16;
+    static_assert(kWordGroup % Blocks == 0, "a work item's blocks must lie in one word group");
+    const WordBlock wb = word_block(a.w, a.N, a.K, nb0);
     const float* sp = a.scales + nb0 * G * 16;
     const Codes codes(a, m);
     __m512 acc[MB][NB];
@@ -133,8 +134,9 @@ struct Wint4WordsTile {
         __m512i v[NB];
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j) {
-          prefetch_ahead(w + (j * K8 + kb) * 16);
-          v[j] = _mm512_loadu_si512(w + (j * K8 + kb) * 16);
+          const uint32_t* p = wb.first + kb * wb.stride + j * 16;
+          if constexpr (MB > 1) prefetch_ahead(p);  // one row: kWordGroup's note in kernels.h
+          v[j] = _mm512_loadu_si512(p);
         }
 #pragma GCC unroll 8
         for (int t = 0; t < S; ++t) {
