@@ -110,9 +110,9 @@ namespace {  // internal linkage: compiled for each includer's ISA, never merged
 // sequential stream, not one per block. At one row the hardware prefetcher
 // then does better alone, so the kernels prefetch only in tiles of 2+ rows.
 // Zen 4, 2 threads, the 0.3B's int4 weights at one row: w4a8's tile read at
-// 0.71x of a plain read with a stream per block and software prefetch, at
-// ~1.0x with one stream and none (a microbenchmark); the B=1 decode step went
-// 1.2-1.3x faster (benchmarks/decode_bandwidth.py, README). A tile's blocks
+// 0.50-0.74x of a plain read with a stream per block and software prefetch,
+// at 0.82-0.99x with one stream and none (a microbenchmark); the B=1 decode
+// step went 1.24-1.34x faster (README, "One stream per work item"). A tile's blocks
 // must lie in one group (items of 4 blocks from a multiple of 4, or of 2
 // from a multiple of 2).
 constexpr int64_t kWordGroup = 4;
