@@ -13,6 +13,13 @@ namespace {
 
 using fdx86::LinearArgs;
 
+// The contract-layout kernels (the MoE experts' weights, read in place): a tile's NB channels are
+// adjacent rows of W, one run; its prefetches walk that run in address order this far ahead, a line per
+// line loaded. They used to fetch the next tile's rows at the same k (NB streams a row apart): B=1
+// decode steps with w8a8 experts went 1.55x faster on the mid-size MoE and 1.16x on a 4-layer model of
+// the 21B's widths (B=8 1.07x; same process, Zen 4, 2 threads). kernels_int8_bf16.cc does the same.
+constexpr int64_t kContractPrefetch = 8192;
+
 inline __m128i hsum4(__m512i a, __m512i b, __m512i c, __m512i d) {
   const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
   const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
@@ -47,7 +54,9 @@ struct Wint8 {
                           __m512 (&acc)[MB][NB]) {
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) {
-      if (k % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + (j + NB) * K + k), _MM_HINT_T0);
+      // the tile's run in address order, a line per 64 inputs and channel (kContractPrefetch; B=1 mid-size MoE
+      // with wint8 experts on fp32 activations 1.03x)
+      if (k % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(w) + kContractPrefetch + (k / 64 * NB + j) * 64, _MM_HINT_T0);
       const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, w + j * K + k)));
 #pragma GCC unroll 4
       for (int i = 0; i < MB; ++i)
@@ -144,6 +153,7 @@ struct W8A8 {
     const int8_t* x = a.xq + m * ldq;
     const int8_t* w = static_cast<const int8_t*>(a.w) + n * K;
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const char* pf = reinterpret_cast<const char*>(w) + kContractPrefetch;  // walks the tile's rows in order
     __m512i acc[MB][NB];
 #pragma GCC unroll 4
     for (int i = 0; i < MB; ++i)
@@ -155,7 +165,8 @@ struct W8A8 {
       const __mmask64 mk = mask64(K - k);
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + (j + NB) * K + k), _MM_HINT_T0);  // next tile
+        _mm_prefetch(pf, _MM_HINT_T0);  // kContractPrefetch's note
+        pf += 64;
         const __m512i wv = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, w + j * K + k), flip);
 #pragma GCC unroll 4
         for (int i = 0; i < MB; ++i)
