@@ -2,6 +2,7 @@
 
     python benchmarks/real_size.py                     # the real shape: ~44 GB bf16 + GGUFs under --dir
     python benchmarks/real_size.py --quick             # the same pipeline on tiny-moe (seconds to a minute)
+    python benchmarks/real_size.py --layers 4          # the 21B's widths, 4 layers (~5.5 GB bf16): minutes
     python benchmarks/real_size.py --llama-cpp ~/src/llama.cpp --dir /data/ernie21b
 
 A benchmark, never CI. Steps (each skipped when its output is already there):
@@ -57,6 +58,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="checkpoint and GGUF files (never the repo)")
     p.add_argument("--quick", action="store_true", help="tiny-moe instead of 21b-a3b, under --dir/quick")
+    p.add_argument("--layers", type=int, default=None,
+                   help="the 21B's widths with only this many layers (1 dense + the rest MoE; 2-28), under "
+                        "--dir/layersN: a proxy that converts and loads in minutes")
     p.add_argument("--threads", type=int, default=2, help="threads on both sides")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     p.add_argument("--prompt-len", type=int, default=128)
@@ -85,6 +89,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.dir == ROOT or ROOT in args.dir.parents:
         p.error(f"--dir {args.dir} is inside the repository; the files are ~80 GB: use a cache directory")
     args.shape = "tiny-moe" if args.quick else "21b-a3b"
+    args.overrides = {}
+    if args.layers is not None:
+        if args.quick:
+            p.error("--layers takes the 21B's widths; it does not go with --quick")
+        if not 2 <= args.layers <= 28:
+            p.error(f"--layers must be 2..28 (1 dense layer + at least one MoE layer), got {args.layers}")
+        if args.layers < 28:
+            args.overrides = {"num_hidden_layers": args.layers, "moe_layer_end_index": args.layers - 1}
+            args.dir = args.dir / f"layers{args.layers}"
     if args.quick:
         args.dir = args.dir / "quick"
         args.prompt_len, args.prefill_len, args.decode_tokens = min(args.prompt_len, 32), min(args.prefill_len, 64), 8
@@ -184,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     llama = find_or_build(llama_cpp=args.llama_cpp)
-    specs = pytorch_tensor_specs(SHAPES[args.shape])
+    specs = pytorch_tensor_specs({**SHAPES[args.shape], **args.overrides})
     params = sum(math.prod(s.shape) for s in specs)
     bf16 = args.dir / "bf16"
     reuse = args.reuse_fd and (args.dir / "fd-core.json").is_file()
@@ -194,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ensure_free(args.dir, sum(_nbytes(s) for s in specs) + GIB, "the bf16 checkpoint")
         print(f"[{time.perf_counter() - t0:.0f} s] bf16 checkpoint {bf16} ({params / 1e9:.2f} B params)", flush=True)
         generate_streamed_checkpoint(bf16, args.shape, seed=args.seed, shard_bytes=(5 << 30) if not args.quick
-                                     else 1 << 20, log=lambda s: print(s, flush=True))
+                                     else 1 << 20, log=lambda s: print(s, flush=True), **args.overrides)
     rng = np.random.default_rng(7)
     prompts = [[int(t) for t in rng.integers(100, 2000, 16 * (i + 1))] for i in range(args.greedy_prompts)]
     fd: dict[str, Any] = {}
@@ -226,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"llama.cpp: {llama.origin}, commit {llama.commit()}; Q4_0 made by llama-quantize --allow-requantize from "
           "the converter's Q8_0 (convert_hf_to_gguf.py writes no Q4_0, and an f32/bf16 GGUF would need 44-87 GB "
           "more disk)")
-    print(f"{args.shape}: {params / 1e9:.2f} B params, seeded random bf16 weights (PyTorch layout); fd-core decode: "
+    shape = args.shape + (f" widths, {args.layers} layers (--layers)" if args.overrides else "")
+    print(f"{shape}: {params / 1e9:.2f} B params, seeded random bf16 weights (PyTorch layout); fd-core decode: "
           f"B x {args.steps} engine steps after {args.prompt_len}-token prompts; llama.cpp: llama-batched-bench, "
           f"{args.decode_tokens} tokens; one round each\n")
     if args.json is not None:  # first: the figures survive a failing report

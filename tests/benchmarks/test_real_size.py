@@ -38,6 +38,14 @@ def test_flags(tmp_path: Path) -> None:
         script.parse_args(["--dir", str(BENCH / "big")])  # never inside the repository
     with pytest.raises(SystemExit):
         script.parse_args(["--batch", "0"])
+    proxy = script.parse_args(["--dir", str(tmp_path), "--layers", "4"])
+    assert (proxy.shape, proxy.dir) == ("21b-a3b", tmp_path.resolve() / "layers4")
+    assert proxy.overrides == {"num_hidden_layers": 4, "moe_layer_end_index": 3}
+    full = script.parse_args(["--dir", str(tmp_path), "--layers", "28"])  # the whole model: no overrides
+    assert (full.dir, full.overrides) == (tmp_path.resolve(), {})
+    for bad in (["--layers", "1"], ["--layers", "29"], ["--layers", "4", "--quick"]):
+        with pytest.raises(SystemExit):
+            script.parse_args(["--dir", str(tmp_path), *bad])
 
 
 def test_the_probe_sees_a_child_allocate(tmp_path: Path) -> None:
