@@ -24,7 +24,7 @@ for set in "${sets[@]}"; do
   # none: the prefetch removed (the words kernel had none before session 13)
   sed_for() {  # FILE VALUE
     if [[ "$2" == none ]]; then
-      sed -e '/_mm_prefetch(.*kPrefetchAhead/d' -e '/_mm_prefetch(pf, _MM_HINT_T0)/d' "$csrc/$1" >"$dir/$1"
+      sed -e '/_mm_prefetch(.*kPrefetchAhead/d' -e '/pf\.next();/d' "$csrc/$1" >"$dir/$1"
     else
       sed -e "s/constexpr int64_t kPrefetchAhead = [0-9]*;/constexpr int64_t kPrefetchAhead = $2;/" "$csrc/$1" >"$dir/$1"
     fi

@@ -75,7 +75,7 @@ struct Wint4LutBf16 {
     constexpr int64_t kBlock = fdx86::kWint4LutBlock;
     const int64_t K = a.K, Kh = K / 2, K2 = K / 2, blocks_per_group = a.group_size / kBlock;
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * Kh;
-    const char* pf = reinterpret_cast<const char*>(w) + kMoePrefetchAhead;  // walks the tile's rows in order
+    RunPrefetch pf(w, kMoePrefetchAhead);  // the tile's rows in address order (tiling.h)
     const uint32_t* xb = a.xb + m * K2;
     const __m512i table = code_table();
     __m512 acc[MB][NB];
@@ -95,8 +95,7 @@ struct Wint4LutBf16 {
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j) {
           const uint8_t* p = w + j * Kh + b * 64;
-          _mm_prefetch(pf, _MM_HINT_T0);  // the tile's stream in address order (kernels_moe_avx512.cc)
-          pf += 64;
+          pf.next();
           v[j] = _mm512_loadu_si512(p);
         }
 #pragma GCC unroll 4

@@ -38,11 +38,6 @@ constexpr int64_t kContractPanelRows = 32;  // the contract tiles' (their 6 x 4 
 // Software prefetch distance in each pairs stream: at 1 row over 189 MB of weights, 4 KiB read at
 // 0.98-1.09x of the fp32 packed kernel's rate, 1 KiB (packed_drive.h's) at 0.94x (Zen 4, 2 threads).
 constexpr int64_t kPairsPrefetch = 4096;
-// The contract kernel's (MoE experts): a tile's NB channels are adjacent rows of K codes, one run; its
-// prefetches walk that run in address order this far ahead. They used to fetch the next tile's rows at the
-// same k (NB streams a row apart): B=1 decode steps with wint8 experts went 1.35x faster on the mid-size
-// MoE and 1.14x on a 4-layer model of the 21B's widths (B=8 1.01x; same process, Zen 4, 2 threads).
-constexpr int64_t kContractPrefetch = 8192;
 
 // A thread's panel buffer, grown as needed and kept for the thread's life.
 struct PanelBuffer {
@@ -193,7 +188,8 @@ struct Wint8ContractBf16 {
     const int64_t K = a.K, K2 = K / 2;
     const int8_t* w = static_cast<const int8_t*>(a.w) + n * K;
     const uint32_t* xb = a.xb + m * K2;
-    const char* pf = reinterpret_cast<const char*>(w) + kContractPrefetch;  // walks the tile's rows in order
+    // tiling.h (B=1 wint8 experts: mid-size MoE 1.35x, 21B widths 1.14x)
+    RunPrefetch pf(w, kContractPrefetch);
     __m512 acc[MB][NB];
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i)
@@ -206,10 +202,7 @@ struct Wint8ContractBf16 {
         if (panel != nullptr) {
           wb[j] = (__m512bh)_mm512_load_si512(panel + (n - n_panel + j) * K + k);
         } else {
-          if (k % 64 == 0) {  // a line per line loaded, kContractPrefetch ahead in address order
-            _mm_prefetch(pf, _MM_HINT_T0);
-            pf += 64;
-          }
+          if (k % 64 == 0) pf.next();
           wb[j] = codes_bf16(w + j * K + k);
         }
       }

@@ -30,7 +30,7 @@ struct Wint4Lut {
   static inline void tile(const LinearArgs& a, int64_t m, int64_t n) {
     const int64_t K = a.K, Kh = K / 2, blocks_per_group = a.group_size / kWint4LutBlock;
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * Kh;
-    const char* pf = reinterpret_cast<const char*>(w) + kPrefetchAhead;  // walks the tile's rows in order
+    RunPrefetch pf(w, kPrefetchAhead);  // the tile's rows in address order (tiling.h)
     const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
     __m512 acc[MB][NB];
 #pragma GCC unroll 4
@@ -49,8 +49,7 @@ struct Wint4Lut {
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) {
         const uint8_t* p = w + j * Kh + b * 64;
-        _mm_prefetch(pf, _MM_HINT_T0);  // the tile's stream in address order (kPrefetchAhead's note)
-        pf += 64;
+        pf.next();
         v[j] = _mm512_loadu_si512(p);
       }
       const float* xb = a.xe + m * K + b * kWint4LutBlock;

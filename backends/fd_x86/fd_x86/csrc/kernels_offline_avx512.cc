@@ -46,7 +46,7 @@ struct W4a8s {
     const int64_t Kh = a.K / 2, ldq = 2 * a.ldh;
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * Kh;
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x88)), low4 = _mm512_set1_epi8(0x0F);
-    const char* pf = reinterpret_cast<const char*>(w) + kPrefetchAhead;  // walks the tile's rows in order
+    RunPrefetch pf(w, kPrefetchAhead);  // the tile's rows in address order (tiling.h)
     __m512i acc[MB][NB];
 #pragma GCC unroll 4
     for (int i = 0; i < MB; ++i)
@@ -59,8 +59,7 @@ struct W4a8s {
       for (int j = 0; j < NB; ++j) {
         // code + 8 as unsigned nibbles; a masked-off byte reads 0x88 (8, 8) against zero activations
         // the weights stream from memory: kPrefetchAhead bytes ahead in the tile's run, in address order
-        _mm_prefetch(pf, _MM_HINT_T0);
-        pf += 64;
+        pf.next();
         const __m512i v = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, w + j * Kh + c), flip);
         lo[j] = _mm512_and_si512(v, low4);
         hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);

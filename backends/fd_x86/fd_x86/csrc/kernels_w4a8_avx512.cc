@@ -53,7 +53,7 @@ inline void w4a8_tile(const LinearArgs& a, int64_t m, int64_t n) {
   for (int i = 0; i < MB; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
-  const char* pf = reinterpret_cast<const char*>(w) + kPrefetchAhead;  // walks the tile's rows in order
+  RunPrefetch pf(w, kPrefetchAhead);  // the tile's rows in address order (tiling.h)
   for (int64_t g = 0; g < G; ++g) {
     __m512i dot[MB][NB];
 #pragma GCC unroll 4
@@ -66,8 +66,7 @@ inline void w4a8_tile(const LinearArgs& a, int64_t m, int64_t n) {
       __m512i lo[NB], hi[NB];
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) {
-        _mm_prefetch(pf, _MM_HINT_T0);
-        pf += 64;
+        pf.next();
         // code + 8 = (nibble & 15) ^ 8: one vpternlogd per nibble plane ((a & b) ^ c)
         const __m512i v = _mm512_loadu_si512(w + j * Kh + c);
         lo[j] = _mm512_ternarylogic_epi32(v, low4, eight, 0x6A);
