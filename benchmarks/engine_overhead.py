@@ -20,17 +20,26 @@ the same steps with timers around each part of the step:
   ``model Python`` (the rest: the model's and the backend's Python around them).
 
 The timers cost a little themselves (a few us per part): the "engine" row
-(step minus forward) is an upper bound. ``--cprofile`` prints the top
+(step minus forward) is an upper bound.
+
+``--stub-kernels`` times the same steps with fd_x86's run op replaced by its
+first answer for each shape (``StubbedRun``; the greedy tokens then repeat):
+what the engine's Python costs alone, with no kernel streaming the weights
+through the caches between steps. The same Python runs ~2x slower in the
+real step, after the kernels (see the README's "Engine cost around the
+forward"), so the two rows bound its share of a step from both sides. ``--cprofile`` prints the top
 functions of one round under cProfile instead.
 
     python benchmarks/engine_overhead.py                      # mid-moe wint4 and 0.3b wint8, B = 1 8
     python benchmarks/engine_overhead.py --shapes mid-moe --batch 1 --rounds 5
     python benchmarks/engine_overhead.py --cprofile --shapes mid-moe --batch 1
+    python benchmarks/engine_overhead.py --stub-kernels --shapes mid-moe 0.3b --batch 1
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import statistics
@@ -56,6 +65,30 @@ SHAPES: dict[str, tuple[str, str, int, dict[str, Any], dict[str, Any]]] = {
     "0.3b": ("0.3b", "0.3b", 0, {}, {"quantization": "wint8", "dtype": "auto"}),
 }
 PARTS = ("schedule", "prepare", "forward", "sample", "update", "output")
+
+
+class StubbedRun:
+    """While entered, ``module.<name>`` (fd_x86's ``fd_x86_run_plan_step``) answers every call with what the
+    real op answered to the first call of the same hidden-state shape: the engine's steps run whole (schedule,
+    inputs, the model's and the backend's Python, sampling, outputs) without the kernels."""
+
+    def __init__(self, module: Any, name: str = "fd_x86_run_plan_step") -> None:
+        self.module, self.name = module, name
+        self.real: Callable[..., Any] = getattr(module, name)
+        self.answers: dict[tuple[int, ...], Any] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        key = tuple(args[0].shape)
+        if key not in self.answers:
+            self.answers[key] = self.real(*args)
+        return self.answers[key]
+
+    def __enter__(self) -> StubbedRun:
+        setattr(self.module, self.name, self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        setattr(self.module, self.name, self.real)
 
 
 class Timers:
@@ -151,10 +184,14 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--backend", default="x86")
     parser.add_argument("--cprofile", action="store_true", help="one round under cProfile, top functions")
+    parser.add_argument("--stub-kernels", action="store_true",
+                        help="fd_x86's run op answers from its first call per shape (StubbedRun): the engine alone")
     parser.add_argument("--quantization", default=None,
                         help="the engine's quantization (a method name or a JSON object); default per shape: "
                         + ", ".join(f"{n} {v[4]['quantization']}" for n, v in sorted(SHAPES.items())))
     args = parser.parse_args()
+    if args.stub_kernels and args.backend != "x86":
+        parser.error(f"--stub-kernels replaces fd_x86's run op; it needs --backend x86, got {args.backend!r}")
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
     print(f"CPU: {model}")
@@ -164,32 +201,44 @@ def main() -> None:
         if args.quantization is not None:
             kwargs["quantization"] = args.quantization
         row = fdc.load(name, checkpoint(name), args.backend, kwargs, max(args.batch), max_len)
-        for batch in args.batch:
-            if args.cprofile:
-                profile = cProfile.Profile()
-                profile.runcall(timed_round, row, batch, args.prompt_len, args.steps, False)
-                print(f"\n{name} B={batch}: cProfile of {args.steps} steps (prefill and finish included)")
-                pstats.Stats(profile).sort_stats("tottime").print_stats(30)
-                continue
-            plain: list[float] = []
-            parts: dict[str, list[float]] = defaultdict(list)
-            for _ in range(args.rounds):  # plain and timed rounds alternate
-                plain.append(timed_round(row, batch, args.prompt_len, args.steps, False)[0])
-                total, split = timed_round(row, batch, args.prompt_len, args.steps, True)
-                parts["step (timed)"].append(total)
-                for part, seconds in split.items():
-                    parts[part].append(seconds)
-            ms = 1e3 / args.steps
-            step = statistics.median(plain) * ms
-            print(f"\n{name} {kwargs['quantization']} B={batch}: {batch * 1e3 / step:.1f} tok/s, "
-                  f"{step:.3f} ms/step (median of {args.rounds} rounds of {args.steps} steps; "
-                  f"fastest round {min(plain) * ms:.3f} ms)")
-            forward = statistics.median(parts["forward"]) * ms
-            for part, values in parts.items():
-                print(f"  {part:<13} {statistics.median(values) * ms:7.3f} ms")
-            print(f"  engine (timed step - forward) {statistics.median(parts['step (timed)']) * ms - forward:.3f} ms")
+        stub: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if args.stub_kernels:
+            from fd_x86.build import load_ops
+
+            stub = StubbedRun(load_ops())
+        with stub:
+            measure(row, name, kwargs, args)
         del row.config.llm
     print(f"load average: {open('/proc/loadavg').read().split()[:3]}")
+
+
+def measure(row: fdc.FdRow, name: str, kwargs: dict[str, Any], args: argparse.Namespace) -> None:
+    """``row``'s rounds at each ``--batch``, printed (``--cprofile``: the profile instead)."""
+    stubbed = " (kernels stubbed)" if args.stub_kernels else ""
+    for batch in args.batch:
+        if args.cprofile:
+            profile = cProfile.Profile()
+            profile.runcall(timed_round, row, batch, args.prompt_len, args.steps, False)
+            print(f"\n{name} B={batch}: cProfile of {args.steps} steps (prefill and finish included)")
+            pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+            continue
+        plain: list[float] = []
+        parts: dict[str, list[float]] = defaultdict(list)
+        for _ in range(args.rounds):  # plain and timed rounds alternate
+            plain.append(timed_round(row, batch, args.prompt_len, args.steps, False)[0])
+            total, split = timed_round(row, batch, args.prompt_len, args.steps, True)
+            parts["step (timed)"].append(total)
+            for part, seconds in split.items():
+                parts[part].append(seconds)
+        ms = 1e3 / args.steps
+        step = statistics.median(plain) * ms
+        print(f"\n{name} {kwargs['quantization']} B={batch}{stubbed}: {batch * 1e3 / step:.1f} tok/s, "
+              f"{step:.3f} ms/step (median of {args.rounds} rounds of {args.steps} steps; "
+              f"fastest round {min(plain) * ms:.3f} ms)")
+        forward = statistics.median(parts["forward"]) * ms
+        for part, values in parts.items():
+            print(f"  {part:<13} {statistics.median(values) * ms:7.3f} ms")
+        print(f"  engine (timed step - forward) {statistics.median(parts['step (timed)']) * ms - forward:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Any
 from fd_core._paddle import import_paddle
 from fd_core.backends.base import Backend
 from fd_core.engine.memory_profile import largest_steps, measure_peak_bytes
-from fd_core.engine.step_tensors import step_tensors
+from fd_core.engine.step_tensors import DecodeBuffers, step_tensors
 from fd_core.layers.attention import KVCache
 from fd_core.model_loader.accounting import weight_bytes
 from fd_core.model_loader.dtypes import checkpoint_dtype, resolve_weight_dtype
@@ -98,6 +98,7 @@ class ModelRunner:
                 f"max_position_embeddings {self.config.max_position_embeddings}"
             )
         self.block_size = block_size
+        self._decode_buffers = DecodeBuffers()  # decode-only steps reuse their host tensors (step_tensors)
         stored = checkpoint_dtype(model_dir)
         self.dtype = resolve_weight_dtype(dtype, stored, backend.capabilities().bf16, backend.name)
         if dtype == "auto" and self.dtype not in supported_weight_dtypes(registry.resolve(self.config.architecture)):
@@ -195,7 +196,8 @@ class ModelRunner:
         """Run the step; returns logits ``[N, V]`` (fp32 paddle tensor), in
         request order: every new token's row for ``all_logits`` requests, the
         last row for other ``needs_logits`` requests; None if no rows."""
-        flat, meta, logits_rows = step_tensors(step, self.block_size, self.config.vocab_size, self.max_model_len)
+        flat, meta, logits_rows = step_tensors(step, self.block_size, self.config.vocab_size, self.max_model_len,
+                                               self._decode_buffers)
         extra: dict[str, Any] = {}
         if getattr(self.model, "is_multimodal", False):  # 3D positions, image features (fd_core.multimodal.step)
             from fd_core.multimodal.step import build_step

@@ -82,3 +82,28 @@ def test_bad_decode_steps_are_refused_as_before(step: StepInput, message: str) -
     if step.num_reqs and "max_model_len" not in message:
         with pytest.raises(ValueError, match=message):
             _general(step)
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_reused_buffers_give_what_the_general_path_gives(ragged: bool) -> None:
+    """A runner's DecodeBuffers: every step of a shape writes the same host tensor, and
+    what a step hands out equals the general path's, whatever the last step wrote there
+    (a ragged table's padding is 0 again, not the last step's blocks)."""
+    rng = np.random.default_rng(7 + ragged)
+    buffers = st.DecodeBuffers(limit=2)
+    pointers: dict[tuple[int, int], int] = {}
+    for _ in range(40):
+        step = _decode_step(rng, int(rng.integers(1, 4)), ragged)
+        key = (len(step.seq_lens), max(len(t) for t in step.block_tables))
+        cached = key in buffers._entries
+        ids, meta, rows = st.step_tensors(step, BLOCK, VOCAB, 64, buffers)
+        assert _values((ids, meta, rows)) == _values(_general(step))
+        if cached:
+            assert ids.data_ptr() == pointers[key]  # the same tensor as this shape's last step
+        pointers[key] = ids.data_ptr()
+        assert len(buffers._entries) <= 2
+
+
+def test_decode_buffers_limit_is_checked() -> None:
+    with pytest.raises(ValueError, match="limit must be >= 1, got 0"):
+        st.DecodeBuffers(limit=0)

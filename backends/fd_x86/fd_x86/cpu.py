@@ -18,7 +18,7 @@ AVX512_VNNI_FLAGS = (*AVX512_FLAGS, "avx512_vnni")
 AVX512_BF16_FLAG = "avx512_bf16"  # vdpbf16ps: the bf16 dense GEMM (fd_x86.dense16)
 # kernels.h's kDense16GemmMinRows: bf16 dense calls with this many rows run the GEMM
 DENSE16_GEMM_MIN_ROWS = 16
-DENSE16_PANEL_MIN_ROWS, DENSE16_PANEL_MAX_N = 8, 8192  # kernels.h kDense16PanelMinRows, kDense16PanelMaxN
+DENSE16_PANEL_MIN_ROWS, DENSE16_PANEL_MAX_N = 16, 8192  # kernels.h kDense16PanelMinRows, kDense16PanelMaxN
 AVX2_FLAGS = ("avx2", "fma")
 AMX_FLAGS = ("amx_tile", "amx_int8")
 AMX_BF16_FLAGS = ("amx_tile", "amx_bf16", AVX512_BF16_FLAG)  # the AMX-BF16 dense GEMM (kernels_amx_bf16.cc)

@@ -163,18 +163,21 @@ def test_the_op_and_python_choose_alike(dtype: str, rows: int, n: int) -> None:
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_the_kernel_choice_by_rows_dtype_and_width(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Python's choice (kernels.h's dense16_kernel, which the runs make): stream at one row and below
-    PANEL_MIN_ROWS, panel from there; a 16-bit weight wider than PANEL_MAX_N (the LM head) stays on
-    the stream kernel up to GEMM_MIN_ROWS; bf16 from GEMM_MIN_ROWS goes to the op's GEMM ("auto")."""
+    PANEL_MIN_ROWS (16 since session 19, as GEMM_MIN_ROWS), panel from there; bf16 from GEMM_MIN_ROWS
+    goes to the op's GEMM ("auto"), or to the panels without avx512_bf16; a 16-bit weight wider than
+    PANEL_MAX_N (the LM head) would stay on the stream kernel below GEMM_MIN_ROWS (no row count now)."""
+    assert PANEL_MIN_ROWS == GEMM_MIN_ROWS == 16
     monkeypatch.setattr(dense16, "_has_bf16_dot", lambda: True)
     choose = dense16._kernel
+    gemm_or_panel = "auto" if dtype == "bfloat16" else "panel"
     assert choose(1, f"paddle.{dtype}", 64) == "stream"
-    assert choose(PANEL_MIN_ROWS - 1, f"paddle.{dtype}", 64) == "stream"
-    assert choose(PANEL_MIN_ROWS, f"paddle.{dtype}", PANEL_MAX_N) == "panel"
-    wide = choose(PANEL_MIN_ROWS, f"paddle.{dtype}", PANEL_MAX_N + 1)
-    assert wide == ("panel" if dtype == "float32" else "stream")
-    assert choose(GEMM_MIN_ROWS, f"paddle.{dtype}", PANEL_MAX_N + 1) == ("auto" if dtype == "bfloat16" else "panel")
+    assert choose(8, f"paddle.{dtype}", 64) == "stream"  # the panels from 8 rows until session 19
+    assert choose(PANEL_MIN_ROWS - 1, f"paddle.{dtype}", PANEL_MAX_N + 1) == "stream"
+    assert choose(PANEL_MIN_ROWS, f"paddle.{dtype}", PANEL_MAX_N) == gemm_or_panel
+    assert choose(PANEL_MIN_ROWS, f"paddle.{dtype}", PANEL_MAX_N + 1) == gemm_or_panel
     monkeypatch.setattr(dense16, "_has_bf16_dot", lambda: False)
     assert choose(GEMM_MIN_ROWS, f"paddle.{dtype}", 64) == "panel"
+    assert choose(GEMM_MIN_ROWS - 1, f"paddle.{dtype}", 64) == "stream"
 
 
 def test_strided_and_batched_x() -> None:

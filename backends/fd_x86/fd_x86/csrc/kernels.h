@@ -164,10 +164,13 @@ constexpr int64_t kDense16GemmMinRows = 16;
 // (fp16, fp32, bf16 below kDense16GemmMinRows or without avx512_bf16), except
 // a 16-bit W wider than kDense16PanelMaxN outputs below kDense16GemmMinRows
 // rows (the LM head: the stream kernel). Measured in the 0.3B's decode steps
-// (Zen 4, 2 threads, against the stream kernel): fp32 0.96x at B=2, 1.02x at
-// B=8, 1.51x at B=32; bf16 0.93x at B=4, 1.12x at B=8.
+// (Zen 4, 2 threads, against the stream kernel): session 17 fp32 0.96x at B=2,
+// 1.02x at B=8, 1.51x at B=32, bf16 0.93x at B=4, 1.12x at B=8; session 19
+// (the same VM on a slow-memory day) fp32 0.78x at B=8, 0.89x at B=12, 1.00x
+// at B=16, 1.05x at B=24, bf16 0.79x at B=8, 0.84x at B=12. The panels' packs
+// read W in short runs, which such a day serves slowly; from 16 rows.
 constexpr int kDense16Panel = 4;
-constexpr int64_t kDense16PanelMinRows = 8, kDense16PanelMaxN = 8192;
+constexpr int64_t kDense16PanelMinRows = 16, kDense16PanelMaxN = 8192;
 constexpr int64_t kDense16AmxWideRows = 32, kDense16AmxWideElems = int64_t(1) << 26;
 
 struct Dense16Args {
