@@ -99,12 +99,14 @@ def test_a_narrow_weight_splits_the_rows_over_the_threads(dtype: str, kernel: st
     _check(one, reference_linear(x, w), scale, tol)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("k,n,threads", [(1024, 1100, 2), (1024, 1100, 3), (3, 400_000, 4), (515, 2048, 2)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("k,n,threads", [(1024, 1100, 2), (1024, 1100, 3), (3, 400_000, 4), (515, 2048, 2),
+                                         (13, 2048, 1)])
 def test_one_row_splits_the_inputs_over_the_threads(dtype: str, k: int, n: int, threads: int) -> None:
     """At one row each thread sums a contiguous run of W's rows and the partials are added in thread
     order (K = 3 on 4 threads: 3 runs); with the bias, within the stream tolerance. On one thread the
-    sum is the one every row of a 2-row call gets, bit for bit."""
+    sum is the one every row of a 2-row call gets, bit for bit: a pass over 4 or 8 rows of W (runs
+    of 1024 / 3 and 13 rows leave a tail) keeps the FMAs in k order."""
     x, w, b, scale = _case(2, k, n, dtype, seed=k + n + threads)
     want = reference_linear(x[:1], w, b)
     got = _dense(x[:1], w, b, kernel="stream", threads=threads)
