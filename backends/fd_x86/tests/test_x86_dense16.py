@@ -115,6 +115,20 @@ def test_one_row_splits_the_inputs_over_the_threads(dtype: str, k: int, n: int, 
     np.testing.assert_array_equal(one.numpy()[0], _dense(x, w, b, kernel="stream", threads=1).numpy()[0])
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("rows,k,n,threads", [(2, 1024, 1100, 2), (3, 515, 40_000, 2), (4, 13, 2048, 3),
+                                              (4, 3, 400, 4), (2, 1024, 1100, 1)])
+def test_few_rows_split_the_inputs_over_the_threads(dtype: str, rows: int, k: int, n: int, threads: int) -> None:
+    """2-4 rows: each thread sums a run of W's rows for every row of x (N in slabs: 40000 outputs at 3 rows
+    take two), the runs added in order; within the stream tolerance of the reference, and on one thread
+    the panel kernel's bits (k in order), run tails and all."""
+    x, w, b, scale = _case(rows, k, n, dtype, seed=rows * 31 + k + n + threads)
+    got = _dense(x, w, b, kernel="stream", threads=threads)
+    _check(got, reference_linear(x, w, b), scale, STREAM_TOL)
+    np.testing.assert_array_equal(_dense(x, w, b, kernel="stream", threads=1).numpy(),
+                                  _dense(x, w, b, kernel="panel", threads=1).numpy())
+
+
 @_NO_BF16_DOT
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("k,n", SHAPES)
