@@ -218,40 +218,6 @@ void split_rows(const Dense16Args& a, int64_t k0, int64_t k1, float* out) {
   for (; k < k1; ++k) split_pass<WT, 1>(a, k, k == k0, out);
 }
 
-// One row; false (nothing written) when scratch cannot be allocated. K is cut
-// into `threads` runs (the count asked, not the team OpenMP gives: a smaller
-// team, e.g. inside another parallel region, takes several runs a thread), so
-// an output's bits depend on the thread setting only: run r's partial sum (run
-// 0 in `out`, the others in the caller's scratch), then the runs in order.
-template <int WT>
-bool split(const Dense16Args& a) {
-  int64_t runs = a.threads < 1 ? 1 : a.threads;
-  if (a.N * a.K < kMinParallelMacs) runs = 1;
-  runs = min64(min64(runs, a.K), kMaxSplitThreads);
-  const int64_t ld = (a.N + 15) / 16 * 16;  // a partial's stride: 64-byte aligned rows
-  static thread_local Scratch scratch;
-  float* parts = runs > 1 ? static_cast<float*>(scratch.get(sizeof(float) * (runs - 1) * ld)) : nullptr;
-  if (runs > 1 && parts == nullptr) return false;
-  const int64_t blocks = (a.N + 15) / 16;
-#pragma omp parallel num_threads(runs) if (runs > 1)
-  {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    for (int64_t r = t; r < runs; r += nt)
-      split_rows<WT>(a, a.K * r / runs, a.K * (r + 1) / runs, r == 0 ? a.out : parts + (r - 1) * ld);
-#pragma omp barrier
-    // the partials, in run order, and the bias: this thread's share of the outputs
-    for (int64_t b = blocks * t / nt; b < blocks * (t + 1) / nt; ++b) {
-      const int64_t n = 16 * b;
-      const __mmask16 mk = mask16(a.N - n);
-      __m512 s = _mm512_maskz_loadu_ps(mk, a.out + n);
-      for (int64_t u = 1; u < runs; ++u) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(mk, parts + (u - 1) * ld + n));
-      if (a.bias != nullptr) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(mk, a.bias + n));
-      _mm512_mask_storeu_ps(a.out + n, mk, s);
-    }
-  }
-  return true;
-}
-
 // A few rows (2 .. kFewMaxRows): the one-row split widened. Each
 // thread sums a contiguous run of W's rows, R rows a pass as above, into its own
 // partials of every row of x, N in slabs of kFewSlabFloats partials (L2), and the
@@ -292,7 +258,7 @@ inline void few_pass(const Dense16Args& a, int64_t k, int64_t n0, int64_t n1, bo
 template <int WT>
 void few_rows(const Dense16Args& a, int64_t k0, int64_t k1, float* part, int64_t ld) {
   constexpr int R = kSplitPassBytes / int(sizeof(typename Elem<WT>::T));
-  const int64_t slab = kFewSlabFloats / a.M / 16 * 16 > 16 ? kFewSlabFloats / a.M / 16 * 16 : 16;
+  const int64_t fit = kFewSlabFloats / a.M / 16 * 16, slab = fit > 16 ? fit : 16;
   for (int64_t n0 = 0; n0 < a.N; n0 += slab) {
     const int64_t n1 = min64(n0 + slab, a.N);
     int64_t k = k0;
@@ -301,8 +267,15 @@ void few_rows(const Dense16Args& a, int64_t k0, int64_t k1, float* part, int64_t
   }
 }
 
+// 1 .. kFewMaxRows rows; false (nothing written) when scratch cannot be
+// allocated. K is cut into `threads` runs (the count asked, not the team
+// OpenMP gives: a smaller team, e.g. inside another parallel region, takes
+// several runs a thread), so an output's bits depend on the thread setting
+// only: run r's partials (run 0 in `out`, the others in the caller's scratch),
+// then the runs in order. One row takes split_rows (all N a pass, x in
+// registers), more take few_rows (N in slabs).
 template <int WT>
-bool split_few(const Dense16Args& a) {
+bool split(const Dense16Args& a) {
   int64_t runs = a.threads < 1 ? 1 : a.threads;
   if (a.M * a.N * a.K < kMinParallelMacs) runs = 1;
   runs = min64(min64(runs, a.K), kMaxSplitThreads);
@@ -315,8 +288,10 @@ bool split_few(const Dense16Args& a) {
   {
     const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
     for (int64_t r = t; r < runs; r += nt) {
-      if (r == 0) few_rows<WT>(a, 0, a.K / runs, a.out, a.N);
-      else few_rows<WT>(a, a.K * r / runs, a.K * (r + 1) / runs, parts + (r - 1) * a.M * ld, ld);
+      const int64_t k0 = a.K * r / runs, k1 = a.K * (r + 1) / runs;
+      float* part = r == 0 ? a.out : parts + (r - 1) * a.M * ld;
+      if (a.M == 1) split_rows<WT>(a, k0, k1, part);
+      else few_rows<WT>(a, k0, k1, part, r == 0 ? a.N : ld);
     }
 #pragma omp barrier
     for (int64_t i = blocks * a.M * t / nt; i < blocks * a.M * (t + 1) / nt; ++i) {
@@ -335,8 +310,7 @@ bool split_few(const Dense16Args& a) {
 
 template <int WT>
 void stream(const Dense16Args& a) {
-  if (a.M == 1 && a.K > 0 && split<WT>(a)) return;
-  if (a.M > 1 && a.M <= kFewMaxRows && a.K > 0 && split_few<WT>(a)) return;
+  if (a.M >= 1 && a.M <= kFewMaxRows && a.K > 0 && split<WT>(a)) return;
   const int64_t blocks = (a.N + 15) / 16;
   int64_t threads = a.threads < 1 ? 1 : a.threads;
   if (a.M * a.N * a.K < kMinParallelMacs) threads = 1;
