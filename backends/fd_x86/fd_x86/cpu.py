@@ -88,7 +88,7 @@ def _dense16_line(features: CpuFeatures) -> str:
         gemm = f"no {AVX512_BF16_FLAG}: the fp32 panels at every M from {DENSE16_PANEL_MIN_ROWS}"
     return (f"bf16/fp16/fp32 dense: avx512 fp32 FMA on weights widened in registers, or in fp32 panels from "
             f"{DENSE16_PANEL_MIN_ROWS} rows (16-bit weights wider than {DENSE16_PANEL_MAX_N} outputs from "
-            f"{DENSE16_GEMM_MIN_ROWS}); bf16: {gemm}")
+            f"{DENSE16_GEMM_MIN_ROWS}; fp32 weights read in place at every M); bf16: {gemm}")
 
 
 def _bf16_act_line(features: CpuFeatures) -> str:

@@ -7,19 +7,22 @@ call: no fp32 copy of a 16-bit weight and no repacked one is kept
 (``csrc/kernels_dense16.cc``, ``csrc/kernels_dense16_gemm.cc``):
 
 - stream (one row; a 16-bit weight wider than ``PANEL_MAX_N`` outputs, the LM
-  head, below ``GEMM_MIN_ROWS``; every call below ``PANEL_MIN_ROWS``): the
+  head, below ``GEMM_MIN_ROWS``; every call below ``PANEL_MIN_ROWS``; an fp32
+  weight at every size): the
   weight is widened to fp32 in registers (fp32 is read as it is) and multiplied
   with fp32 FMAs, so each product is the reference's exactly and the result
   differs from it only by the fp32 summation order (about 1e-6 of ``|x| @ |W|``).
   At one row (a decode step at batch 1) each thread reads a contiguous run of
   the weight's rows into its own partial sums, added in thread order: one
-  sequential stream per thread, near the machine's read bandwidth;
-- panel (from ``PANEL_MIN_ROWS`` rows where the bf16 GEMM is not taken: fp32 and
-  fp16 weights at any size, bf16 below ``GEMM_MIN_ROWS``): the same arithmetic,
+  sequential stream per thread, near the machine's read bandwidth (2-4 rows
+  too). From 5 rows an fp32 weight is read where it lies by register tiles of
+  8 rows x 48 outputs (1.2-1.5x the panels in fp32 decode steps of 8-64 rows,
+  and as fast or faster up to 2048 rows: 165-188 GFLOP/s on 2 Zen 4 cores);
+- panel (from ``PANEL_MIN_ROWS`` rows where the bf16 GEMM is not taken: fp16
+  weights at any size, bf16 below ``GEMM_MIN_ROWS``): the same arithmetic,
   bit for bit equal to the stream kernel from 2 rows, on the weight widened into
   fp32 panels per thread (register tiles of 6 rows x 64 outputs, ~0.98 of the FMA
-  peak from 64 rows). An fp32 prefill runs here (1.56x paddle's matmul in the
-  0.3B's 512-token prefill);
+  peak from 64 rows);
 - bf16 GEMM (bf16 weights, M >= ``GEMM_MIN_ROWS``, CPUs with avx512_bf16):
   ``vdpbf16ps`` on x rounded to bf16 (round to nearest even) and W packed per
   thread into scratch panels. A product of two bf16s is exact in fp32, so the
@@ -87,7 +90,7 @@ def _kernel(rows: int, dtype: str, n: int) -> str:
     a run, so a row's result does not depend on which path ran."""
     if rows >= GEMM_MIN_ROWS and dtype == "paddle.bfloat16" and _has_bf16_dot():
         return "auto"
-    if rows < PANEL_MIN_ROWS or (dtype != "paddle.float32" and rows < GEMM_MIN_ROWS and n > PANEL_MAX_N):
+    if rows < PANEL_MIN_ROWS or dtype == "paddle.float32" or (rows < GEMM_MIN_ROWS and n > PANEL_MAX_N):
         return "stream"
     return "panel"
 

@@ -129,6 +129,22 @@ def test_few_rows_split_the_inputs_over_the_threads(dtype: str, rows: int, k: in
                                   _dense(x, w, b, kernel="panel", threads=1).numpy())
 
 
+@pytest.mark.parametrize("rows,k,n,threads", [(5, 37, 14000, 2), (8, 1000, 1100, 2), (11, 300, 2000, 3),
+                                              (23, 515, 3000, 2), (9, 33, 7, 1), (16, 70, 48, 4), (40, 129, 2000, 2)])
+def test_fp32_direct_tiles_match_the_panels(rows: int, k: int, n: int, threads: int) -> None:
+    """fp32 from 5 rows on the stream kernel: tiles of up to 8 rows x 48 outputs over chunks of W's rows
+    (16 at one row tile, 128 from two), N in slabs of 64K outputs over all rows (14000 outputs at 5 rows,
+    3000 at 23, 2000 at 40: two slabs or more; 7 outputs: one masked block), the accumulators through
+    ``out`` between chunks (K = 37, 300, 515, 129: a tail chunk); within the stream tolerance of the
+    reference and the panel kernel's bits on any thread count."""
+    x, w, b, scale = _case(rows, k, n, "float32", seed=rows * 7 + k + n)
+    got = _dense(x, w, b, kernel="stream", threads=threads)
+    _check(got, reference_linear(x, w, b), scale, STREAM_TOL)
+    np.testing.assert_array_equal(got.numpy(), _dense(x, w, b, kernel="panel", threads=1).numpy())
+    np.testing.assert_array_equal(_dense(x, w, None, kernel="stream", threads=threads).numpy(),
+                                  _dense(x, w, None, kernel="panel", threads=threads).numpy())
+
+
 @_NO_BF16_DOT
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("k,n", SHAPES)
@@ -181,18 +197,21 @@ def test_the_kernel_choice_by_rows_dtype_and_width(dtype: str, monkeypatch: pyte
     """Python's choice (kernels.h's dense16_kernel, which the runs make): stream at one row and below
     PANEL_MIN_ROWS (16 since session 19, as GEMM_MIN_ROWS), panel from there; bf16 from GEMM_MIN_ROWS
     goes to the op's GEMM ("auto"), or to the panels without avx512_bf16; a 16-bit weight wider than
-    PANEL_MAX_N (the LM head) would stay on the stream kernel below GEMM_MIN_ROWS (no row count now)."""
+    PANEL_MAX_N (the LM head) would stay on the stream kernel below GEMM_MIN_ROWS (no row count now); an fp32
+    weight stays on the stream kernel (its direct tiles) at every row count since session 20."""
     assert PANEL_MIN_ROWS == GEMM_MIN_ROWS == 16
     monkeypatch.setattr(dense16, "_has_bf16_dot", lambda: True)
     choose = dense16._kernel
-    gemm_or_panel = "auto" if dtype == "bfloat16" else "panel"
+    fp32 = dtype == "float32"
+    gemm_or_panel = "stream" if fp32 else "auto" if dtype == "bfloat16" else "panel"
     assert choose(1, f"paddle.{dtype}", 64) == "stream"
     assert choose(8, f"paddle.{dtype}", 64) == "stream"  # the panels from 8 rows until session 19
     assert choose(PANEL_MIN_ROWS - 1, f"paddle.{dtype}", PANEL_MAX_N + 1) == "stream"
     assert choose(PANEL_MIN_ROWS, f"paddle.{dtype}", PANEL_MAX_N) == gemm_or_panel
     assert choose(PANEL_MIN_ROWS, f"paddle.{dtype}", PANEL_MAX_N + 1) == gemm_or_panel
+    assert choose(4096, f"paddle.{dtype}", 64) == gemm_or_panel
     monkeypatch.setattr(dense16, "_has_bf16_dot", lambda: False)
-    assert choose(GEMM_MIN_ROWS, f"paddle.{dtype}", 64) == "panel"
+    assert choose(GEMM_MIN_ROWS, f"paddle.{dtype}", 64) == ("stream" if fp32 else "panel")
     assert choose(GEMM_MIN_ROWS - 1, f"paddle.{dtype}", 64) == "stream"
 
 

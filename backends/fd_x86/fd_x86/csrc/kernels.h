@@ -161,7 +161,7 @@ constexpr int64_t kDense16GemmMinRows = 16;
 // kDense16Panel (any wtype): the stream kernel's arithmetic (the same bits at
 // 2+ rows) on fp32 panels of W widened per thread, register tiles 6 x 64. The
 // auto choice from kDense16PanelMinRows rows where the bf16 GEMM is not taken
-// (fp16, fp32, bf16 below kDense16GemmMinRows or without avx512_bf16), except
+// (fp16, bf16 below kDense16GemmMinRows or without avx512_bf16), except
 // a 16-bit W wider than kDense16PanelMaxN outputs below kDense16GemmMinRows
 // rows (the LM head: the stream kernel). Measured in the 0.3B's decode steps
 // (Zen 4, 2 threads, against the stream kernel): session 17 fp32 0.96x at B=2,
@@ -169,6 +169,8 @@ constexpr int64_t kDense16GemmMinRows = 16;
 // (the same VM on a slow-memory day) fp32 0.78x at B=8, 0.89x at B=12, 1.00x
 // at B=16, 1.05x at B=24, bf16 0.79x at B=8, 0.84x at B=12. The panels' packs
 // read W in short runs, which such a day serves slowly; from 16 rows.
+// An fp32 W stays on the stream kernel at every M (its direct tiles, kernels_dense16.cc:
+// 1.19-1.53x the panels in the 0.3B's fp32 decode steps at 16-64 rows, session 20).
 constexpr int kDense16Panel = 4;
 constexpr int64_t kDense16PanelMinRows = 16, kDense16PanelMaxN = 8192;
 constexpr int64_t kDense16AmxWideRows = 32, kDense16AmxWideElems = int64_t(1) << 26;

@@ -9,12 +9,14 @@
 //           fp32 as it is), fp32 FMA with broadcast x: the reference's
 //           operands (the widened weight is exact) in fp32 arithmetic, so
 //           results match it up to fp32 summation order. Any M; the choice at
-//           one row (each thread then reads a contiguous run of W's rows into
-//           partial sums) and for a wide 16-bit W (the LM head) at few rows.
+//           1-4 rows (each thread then reads a contiguous run of W's rows into
+//           partial sums), for a wide 16-bit W (the LM head) at few rows, and
+//           for an fp32 W at every M (from 5 rows its own direct tiles, 8 rows
+//           x 48 outputs, which read W in place).
 //   panel:  the stream kernel's arithmetic, bit for bit at 2+ rows, on W
 //           widened into fp32 panels per thread and read by register tiles of
 //           6 rows x 64 outputs: the choice for more rows where the bf16 GEMM
-//           is not taken (fp32 and fp16 weights, bf16 below its threshold).
+//           is not taken (fp16 weights, bf16 below its threshold).
 //   bf16 GEMM (avx512_bf16): per 64-output tile and chunk of kGemmKc inputs,
 //           W is packed into thread-local scratch in vdpbf16ps's
 //           pair-interleaved layout [Kc/2][64][2] and reused by every row of
@@ -27,6 +29,7 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
@@ -157,6 +160,108 @@ void stream_range(const Dense16Args& a, int64_t b0, int64_t b1) {
       const int64_t b = b0 + t * kStreamBlocks, nb = min64(kStreamBlocks, b1 - b);
       const __mmask16 last = mask16(a.N - (b + nb - 1) * 16);
       stream_blocks<WT, kStreamBlocks>(a, nb, b * 16, last, c);
+    }
+  }
+}
+
+// ------------------------------------------------------------ direct (fp32)
+// An fp32 W needs no widening, so from kFewMaxRows + 1 rows the stream kernel
+// takes it with register tiles of up to kDirectRows rows x kDirectBlocks
+// blocks (24 accumulators), reading W where it lies: once per 8 rows of x
+// (the 3 x 8 stream tile read it once per 3 rows; the panels copied it first).
+// The walk is the stream kernel's, per N slab: for each chunk of rows of W
+// (kDirectKcFew at one row tile, kDirectKcMany from two), the slab's output
+// tiles in order, each with every row tile of x, so each of the chunk's rows is
+// read as one sequential run across the slab, prefetched one tile ahead. The
+// accumulators go through `out` once per chunk; a slab holds
+// kDirectSlabFloats outputs of every row (L2: the LM head's N would not fit).
+// Summation order as the stream and panel kernels' (each output's FMAs over k
+// in order from 0): the same bits. The 0.3B's fp32 decode step (Zen 4, 2
+// threads, same process, against what ran before: the 3 x 8 stream tiles below
+// 16 rows, the panels from 16): B=8 1.20x, B=12 1.21x, B=16 1.19x (chunks of
+// 16), B=24 1.53x, B=32 1.35x, B=64 1.25x (chunks of 128); 128-row chunks
+// against 16: B=8 0.92x, B=12 1.15x, B=16 1.24x. Kernel alone, W [1024, 3072]
+// and [3072, 1024] from 64 to 2048 rows: 1.01-1.21x the panels (165-188 GF/s).
+// Tried: one tile over all of K (no chunks), x packed per tile, 2-16 tiles of
+// prefetch: slower or within the noise.
+constexpr int kDirectRows = 8, kDirectBlocks = 3;
+constexpr int64_t kDirectKcFew = 16, kDirectKcMany = 128, kDirectSlabFloats = 64 * 1024;
+
+// out[m .. m+MB, n .. n+16NB) (+)= x[m.., k0..k1) @ W[k0..k1, n..]; `last` masks the tile's last block at N;
+// pf: row k0 of the W to prefetch (the next tile's), or null
+template <int MB, int NB>
+inline void direct_tile(const Dense16Args& a, int64_t m, int64_t n, __mmask16 last, int64_t k0, int64_t k1,
+                        bool first, bool final, const float* pf) {
+  const int64_t N = a.N;
+  const float* w = static_cast<const float*>(a.w) + n;
+  const float* x = a.x + m * a.ldx;
+  __m512 acc[MB][NB];
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j)
+      acc[i][j] = first ? _mm512_setzero_ps()
+                        : _mm512_maskz_loadu_ps(j == NB - 1 ? last : kAll, a.out + (m + i) * N + n + 16 * j);
+  for (int64_t k = k0; k < k1; ++k) {
+    const float* row = w + k * N;
+    if (pf != nullptr) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(pf + (k - k0) * N + 16 * j), _MM_HINT_T0);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      const __m512 wv = _mm512_maskz_loadu_ps(j == NB - 1 ? last : kAll, row + 16 * j);
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * a.ldx + k]), wv, acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NB; ++j) {
+    const __mmask16 mk = j == NB - 1 ? last : kAll;
+    const __m512 b = final && a.bias != nullptr ? _mm512_maskz_loadu_ps(mk, a.bias + n + 16 * j) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i)
+      _mm512_mask_storeu_ps(a.out + (m + i) * N + n + 16 * j, mk, final ? _mm512_add_ps(acc[i][j], b) : acc[i][j]);
+  }
+}
+
+template <int NB, int R>
+inline void direct_rows_tail(const Dense16Args& a, int64_t m, int64_t rest, int64_t n, __mmask16 last, int64_t k0,
+                             int64_t k1, bool first, bool final, const float* pf) {
+  if constexpr (R > 0) {
+    if (rest == R) direct_tile<R, NB>(a, m, n, last, k0, k1, first, final, pf);
+    else direct_rows_tail<NB, R - 1>(a, m, rest, n, last, k0, k1, first, final, pf);
+  }
+}
+
+// Every row tile of x on the output tile at n (nb blocks); the first row tile prefetches (the others read the
+// same W from cache)
+template <int NB>
+inline void direct_blocks(const Dense16Args& a, int64_t nb, int64_t n, __mmask16 last, int64_t k0, int64_t k1,
+                          bool first, bool final, const float* pf) {
+  if constexpr (NB > 0) {
+    if (nb != NB) return direct_blocks<NB - 1>(a, nb, n, last, k0, k1, first, final, pf);
+    int64_t m = 0;
+    for (; m + kDirectRows <= a.M; m += kDirectRows, pf = nullptr)
+      direct_tile<kDirectRows, NB>(a, m, n, last, k0, k1, first, final, pf);
+    if (m < a.M) direct_rows_tail<NB, kDirectRows - 1>(a, m, a.M - m, n, last, k0, k1, first, final, pf);
+  }
+}
+
+// One thread's outputs: 16-output blocks [b0, b1) of an fp32 W (K > 0)
+void direct_range(const Dense16Args& a, int64_t b0, int64_t b1) {
+  const int64_t slab = std::max<int64_t>(1, kDirectSlabFloats / (16 * a.M * kDirectBlocks)) * kDirectBlocks;  // blocks
+  const int64_t kc = a.M <= kDirectRows ? kDirectKcFew : kDirectKcMany;
+  const float* w = static_cast<const float*>(a.w);
+  for (int64_t s0 = b0; s0 < b1; s0 += slab) {
+    const int64_t s1 = min64(s0 + slab, b1);
+    for (int64_t k0 = 0; k0 < a.K; k0 += kc) {
+      const int64_t k1 = min64(k0 + kc, a.K);
+      for (int64_t b = s0; b < s1; b += kDirectBlocks) {
+        const int64_t nb = min64(kDirectBlocks, s1 - b), ahead = b + kDirectBlocks;
+        direct_blocks<kDirectBlocks>(a, nb, b * 16, mask16(a.N - (b + nb - 1) * 16), k0, k1, k0 == 0, k1 == a.K,
+                                     ahead < s1 ? w + k0 * a.N + ahead * 16 : nullptr);
+      }
     }
   }
 }
@@ -315,6 +420,13 @@ void stream(const Dense16Args& a) {
   int64_t threads = a.threads < 1 ? 1 : a.threads;
   if (a.M * a.N * a.K < kMinParallelMacs) threads = 1;
   threads = min64(threads, blocks);
+  if constexpr (WT == kFp32) {
+    if (a.K > 0) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+      for (int64_t t = 0; t < threads; ++t) direct_range(a, blocks * t / threads, blocks * (t + 1) / threads);
+      return;
+    }
+  }
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t t = 0; t < threads; ++t) stream_range<WT>(a, blocks * t / threads, blocks * (t + 1) / threads);
 }
@@ -330,7 +442,7 @@ bool dense16_has_bf16_dot() {
 
 int dense16_kernel(const Dense16Args& a) {
   if (a.kernel != kDense16Auto) return a.kernel;
-  if (a.M < kDense16PanelMinRows) return kDense16Stream;
+  if (a.M < kDense16PanelMinRows || a.wtype == kDense16Fp32) return kDense16Stream;  // fp32: its direct tiles
   // a wide 16-bit W (the LM head) below kDense16GemmMinRows rows: the stream kernel's chunks read its rows in
   // runs of tens of KB, the panels' packs in 1-2 KB runs, which the memory serves slower
   if (a.wtype != kDense16Fp32 && a.M < kDense16GemmMinRows && a.N > kDense16PanelMaxN) return kDense16Stream;
