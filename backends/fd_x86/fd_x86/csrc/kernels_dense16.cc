@@ -169,26 +169,29 @@ void stream_range(const Dense16Args& a, int64_t b0, int64_t b1) {
 // takes it with register tiles of up to kDirectRows rows x kDirectBlocks
 // blocks (24 accumulators), reading W where it lies: once per 8 rows of x
 // (the 3 x 8 stream tile read it once per 3 rows; the panels copied it first).
-// The walk is the stream kernel's, per N slab: for each chunk of rows of W
-// (kDirectKcFew at one row tile, kDirectKcMany from two), the slab's output
-// tiles in order, each with every row tile of x, so each of the chunk's rows is
-// read as one sequential run across the slab, prefetched one tile ahead. The
-// accumulators go through `out` once per chunk; a slab holds
-// kDirectSlabFloats outputs of every row (L2: the LM head's N would not fit).
-// Summation order as the stream and panel kernels' (each output's FMAs over k
-// in order from 0): the same bits. The 0.3B's fp32 decode step (Zen 4, 2
-// threads, same process, against what ran before: the 3 x 8 stream tiles below
-// 16 rows, the panels from 16): B=8 1.20x, B=12 1.21x, B=16 1.19x (chunks of
-// 16), B=24 1.53x, B=32 1.35x, B=64 1.25x (chunks of 128); 128-row chunks
-// against 16: B=8 0.92x, B=12 1.15x, B=16 1.24x. Kernel alone, W [1024, 3072]
-// and [3072, 1024] from 64 to 2048 rows: 1.01-1.21x the panels (165-188 GF/s).
-// Tried: one tile over all of K (no chunks), x packed per tile, 2-16 tiles of
-// prefetch: slower or within the noise.
+// The walk is the stream kernel's, per N slab: for each chunk of kDirectKc rows
+// of W, the slab's output tiles in order, each with every row tile of x, so
+// each of the chunk's rows is read as one sequential run across the slab. The
+// tile kDirectAheadTiles later is prefetched into L2 (T1): into L1 (T0), a
+// chunk's 128 rows x 3 lines ahead evicted each other before use, and chunks
+// of 16 rows were then faster at 8 rows. The accumulators go through `out` once
+// per chunk; a slab holds kDirectSlabFloats outputs of every row (L2: the LM
+// head's N would not fit). Summation order as the stream and panel kernels'
+// (each output's FMAs over k in order from 0): the same bits.
+// The 0.3B's fp32 decode step (Zen 4, 2 threads, same process), first against
+// what ran before (the 3 x 8 stream tiles below 16 rows, the panels from 16),
+// these tiles with T0 prefetch one tile ahead and 16-row chunks at one row
+// tile: B=8 1.20x, B=24 1.53x, B=32 1.35x, B=64 1.25x; then this (T1, two tiles,
+// 128-row chunks) against that: B=8 1.34x, B=16 1.32x, B=32 1.16x. Steps:
+// T1 alone 1.02x at B=8, 1.28x at B=16, 1.20x at B=32; then 128-row chunks
+// against 16 at B=8 1.65x; then two tiles ahead against one 1.07x at B=8
+// (four: 0.96x). Tried: one tile over all of K (no chunks), x packed per tile
+// ([K][8]): no gain.
 constexpr int kDirectRows = 8, kDirectBlocks = 3;
-constexpr int64_t kDirectKcFew = 16, kDirectKcMany = 128, kDirectSlabFloats = 64 * 1024;
+constexpr int64_t kDirectKc = 128, kDirectAheadTiles = 2, kDirectSlabFloats = 64 * 1024;
 
 // out[m .. m+MB, n .. n+16NB) (+)= x[m.., k0..k1) @ W[k0..k1, n..]; `last` masks the tile's last block at N;
-// pf: row k0 of the W to prefetch (the next tile's), or null
+// pf: row k0 of the W to prefetch (the tile kDirectAheadTiles later), into L2; or null
 template <int MB, int NB>
 inline void direct_tile(const Dense16Args& a, int64_t m, int64_t n, __mmask16 last, int64_t k0, int64_t k1,
                         bool first, bool final, const float* pf) {
@@ -206,7 +209,7 @@ inline void direct_tile(const Dense16Args& a, int64_t m, int64_t n, __mmask16 la
     const float* row = w + k * N;
     if (pf != nullptr) {
 #pragma GCC unroll 8
-      for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(pf + (k - k0) * N + 16 * j), _MM_HINT_T0);
+      for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(pf + (k - k0) * N + 16 * j), _MM_HINT_T1);
     }
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) {
@@ -251,14 +254,13 @@ inline void direct_blocks(const Dense16Args& a, int64_t nb, int64_t n, __mmask16
 // One thread's outputs: 16-output blocks [b0, b1) of an fp32 W (K > 0)
 void direct_range(const Dense16Args& a, int64_t b0, int64_t b1) {
   const int64_t slab = std::max<int64_t>(1, kDirectSlabFloats / (16 * a.M * kDirectBlocks)) * kDirectBlocks;  // blocks
-  const int64_t kc = a.M <= kDirectRows ? kDirectKcFew : kDirectKcMany;
   const float* w = static_cast<const float*>(a.w);
   for (int64_t s0 = b0; s0 < b1; s0 += slab) {
     const int64_t s1 = min64(s0 + slab, b1);
-    for (int64_t k0 = 0; k0 < a.K; k0 += kc) {
-      const int64_t k1 = min64(k0 + kc, a.K);
+    for (int64_t k0 = 0; k0 < a.K; k0 += kDirectKc) {
+      const int64_t k1 = min64(k0 + kDirectKc, a.K);
       for (int64_t b = s0; b < s1; b += kDirectBlocks) {
-        const int64_t nb = min64(kDirectBlocks, s1 - b), ahead = b + kDirectBlocks;
+        const int64_t nb = min64(kDirectBlocks, s1 - b), ahead = b + kDirectAheadTiles * kDirectBlocks;
         direct_blocks<kDirectBlocks>(a, nb, b * 16, mask16(a.N - (b + nb - 1) * 16), k0, k1, k0 == 0, k1 == a.K,
                                      ahead < s1 ? w + k0 * a.N + ahead * 16 : nullptr);
       }
