@@ -90,7 +90,7 @@ struct Wint4 {
                           __mmask16 mk, const __m512 (&sc)[NB], __m512 (&acc)[MB][NB]) {
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) {
-      if (b % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + (j + NB) * Kh + b), _MM_HINT_T0);
+      if (b % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + (j + NB) * Kh + b), _MM_HINT_T1);
       const __m512i v = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, w + j * Kh + b));
       const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 28), 28)), sc[j]);
       const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(v, 4)), sc[j]);

@@ -279,7 +279,7 @@ void direct_range(const Dense16Args& a, int64_t b0, int64_t b1) {
 // too); the partials are then added in run order (split, below). 0.95x of a
 // plain read there, 1.65x the chunked walk (fp32, the 0.3B's linears and head).
 // Summation order: k in order within a run, then the runs in order.
-constexpr int64_t kSplitPrefetch = 8192;
+constexpr int64_t kSplitPrefetch = 8192;  // into L2 (T1): see tiling.h's RunPrefetch
 constexpr int kMaxSplitThreads = 64;
 
 // out[n] = sum over rows [k0, k1) of x[k] * W[k, n] (k in order), every n.
@@ -310,7 +310,7 @@ inline void split_pass(const Dense16Args& a, int64_t k, bool first, float* out) 
     __m512 acc = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk, out + n);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(row[r] + n) + kSplitPrefetch, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row[r] + n) + kSplitPrefetch, _MM_HINT_T1);
       acc = _mm512_fmadd_ps(xv[r], widen16<WT>(row[r] + n, mk), acc);
     }
     _mm512_mask_storeu_ps(out + n, mk, acc);
@@ -348,7 +348,7 @@ inline void few_pass(const Dense16Args& a, int64_t k, int64_t n0, int64_t n1, bo
     __m512 w[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(row[r] + n) + kSplitPrefetch, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row[r] + n) + kSplitPrefetch, _MM_HINT_T1);
       w[r] = widen16<WT>(row[r] + n, mk);
     }
     for (int64_t m = 0; m < a.M; ++m) {

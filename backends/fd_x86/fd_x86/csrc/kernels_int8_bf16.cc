@@ -37,7 +37,7 @@ constexpr int64_t kPanelRows = 16;
 constexpr int64_t kContractPanelRows = 32;  // the contract tiles' (their 6 x 4 tiles convert less per product)
 // Software prefetch distance in each pairs stream: at 1 row over 189 MB of weights, 4 KiB read at
 // 0.98-1.09x of the fp32 packed kernel's rate, 1 KiB (packed_drive.h's) at 0.94x (Zen 4, 2 threads).
-constexpr int64_t kPairsPrefetch = 4096;
+constexpr int64_t kPairsPrefetch = 4096;  // into L2 (T1): see tiling.h's RunPrefetch
 
 // A thread's panel buffer, grown as needed and kept for the thread's life.
 struct PanelBuffer {
@@ -107,7 +107,7 @@ struct Wint8PairsBf16 {
       } else {
 #pragma GCC unroll 4
         for (int j = 0; j < NB; j += 2)  // one line per stream
-          _mm_prefetch(reinterpret_cast<const char*>(w[j] + p * 64 + kPairsPrefetch), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(w[j] + p * 64 + kPairsPrefetch), _MM_HINT_T1);
 #pragma GCC unroll 4
         for (int j = 0; j < NB; ++j) wb[j] = codes_bf16(w[j] + p * 64);
       }
