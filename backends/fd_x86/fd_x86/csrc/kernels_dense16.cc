@@ -65,9 +65,17 @@ struct Chunk {
   int64_t pf_rows;
 };
 
+// The tiles' shapes and prefetch: the 16-bit stream tiles (3 rows x 8 blocks, into L1) and fp32's direct
+// ones (below)
+struct StreamTiles {
+  static constexpr int kRows = kStreamRows, kBlocks = kStreamBlocks;
+  static constexpr _mm_hint kHint = _MM_HINT_T0;
+};
+
 // out[m .. m+MB, n .. n+16NB) (+)= x[m.., k0..k1) @ W[k0..k1, n..]; `last`
-// masks the tile's last block at N
-template <int WT, int MB, int NB>
+// masks the tile's last block at N; the first row tile prefetches T::kBlocks
+// blocks of each row of c.pf (the others read the same W from cache)
+template <int WT, int MB, int NB, class T>
 inline void stream_tile(const Dense16Args& a, int64_t m, int64_t n, __mmask16 last, const Chunk& c) {
   using E = typename Elem<WT>::T;
   constexpr int kLineBlocks = 64 / (16 * sizeof(E));  // 16-output blocks per 64-byte line
@@ -86,8 +94,8 @@ inline void stream_tile(const Dense16Args& a, int64_t m, int64_t n, __mmask16 la
     const E* row = w + k * N;
     if (pf != nullptr && k - c.k0 < c.pf_rows) {
 #pragma GCC unroll 8
-      for (int j = 0; j < kStreamBlocks; j += kLineBlocks)  // one 64-byte line at a time
-        _mm_prefetch(reinterpret_cast<const char*>(pf + (k - c.k0) * N + 16 * j), _MM_HINT_T0);
+      for (int j = 0; j < T::kBlocks; j += kLineBlocks)  // one 64-byte line at a time
+        _mm_prefetch(reinterpret_cast<const char*>(pf + (k - c.k0) * N + 16 * j), T::kHint);
     }
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) {
@@ -106,27 +114,29 @@ inline void stream_tile(const Dense16Args& a, int64_t m, int64_t n, __mmask16 la
   }
 }
 
-template <int WT, int NB, int R>
+template <int WT, int NB, int R, class T>
 inline void stream_rows_tail(const Dense16Args& a, int64_t m, int64_t rest, int64_t n, __mmask16 last,
                              const Chunk& c) {
   if constexpr (R > 0) {
-    if (rest == R) stream_tile<WT, R, NB>(a, m, n, last, c);
-    else stream_rows_tail<WT, NB, R - 1>(a, m, rest, n, last, c);
+    if (rest == R) stream_tile<WT, R, NB, T>(a, m, n, last, c);
+    else stream_rows_tail<WT, NB, R - 1, T>(a, m, rest, n, last, c);
   }
 }
 
-template <int WT, int NB>
+// Every row tile of x on the output tile at n
+template <int WT, int NB, class T>
 inline void stream_rows(const Dense16Args& a, int64_t n, __mmask16 last, const Chunk& c) {
   int64_t m = 0;
-  for (; m + kStreamRows <= a.M; m += kStreamRows) stream_tile<WT, kStreamRows, NB>(a, m, n, last, c);
-  if (m < a.M) stream_rows_tail<WT, NB, kStreamRows - 1>(a, m, a.M - m, n, last, c);
+  for (; m + T::kRows <= a.M; m += T::kRows) stream_tile<WT, T::kRows, NB, T>(a, m, n, last, c);
+  if (m < a.M) stream_rows_tail<WT, NB, T::kRows - 1, T>(a, m, a.M - m, n, last, c);
 }
 
-template <int WT, int NB>
+// The output tile at n of nb (<= NB) blocks
+template <int WT, int NB, class T>
 inline void stream_blocks(const Dense16Args& a, int64_t nb, int64_t n, __mmask16 last, const Chunk& c) {
   if constexpr (NB > 0) {
-    if (nb == NB) stream_rows<WT, NB>(a, n, last, c);
-    else stream_blocks<WT, NB - 1>(a, nb, n, last, c);
+    if (nb == NB) stream_rows<WT, NB, T>(a, n, last, c);
+    else stream_blocks<WT, NB - 1, T>(a, nb, n, last, c);
   }
 }
 
@@ -159,7 +169,7 @@ void stream_range(const Dense16Args& a, int64_t b0, int64_t b1) {
       }
       const int64_t b = b0 + t * kStreamBlocks, nb = min64(kStreamBlocks, b1 - b);
       const __mmask16 last = mask16(a.N - (b + nb - 1) * 16);
-      stream_blocks<WT, kStreamBlocks>(a, nb, b * 16, last, c);
+      stream_blocks<WT, kStreamBlocks, StreamTiles>(a, nb, b * 16, last, c);
     }
   }
 }
@@ -167,7 +177,7 @@ void stream_range(const Dense16Args& a, int64_t b0, int64_t b1) {
 // ------------------------------------------------------------ direct (fp32)
 // An fp32 W needs no widening, so from kFewMaxRows + 1 rows the stream kernel
 // takes it with register tiles of up to kDirectRows rows x kDirectBlocks
-// blocks (24 accumulators), reading W where it lies: once per 8 rows of x
+// blocks (24 accumulators; stream_tile with DirectTiles), reading W where it lies: once per 8 rows of x
 // (the 3 x 8 stream tile read it once per 3 rows; the panels copied it first).
 // The walk is the stream kernel's, per N slab: for each chunk of kDirectKc rows
 // of W, the slab's output tiles in order, each with every row tile of x, so
@@ -190,66 +200,10 @@ void stream_range(const Dense16Args& a, int64_t b0, int64_t b1) {
 constexpr int kDirectRows = 8, kDirectBlocks = 3;
 constexpr int64_t kDirectKc = 128, kDirectAheadTiles = 2, kDirectSlabFloats = 64 * 1024;
 
-// out[m .. m+MB, n .. n+16NB) (+)= x[m.., k0..k1) @ W[k0..k1, n..]; `last` masks the tile's last block at N;
-// pf: row k0 of the W to prefetch (the tile kDirectAheadTiles later), into L2; or null
-template <int MB, int NB>
-inline void direct_tile(const Dense16Args& a, int64_t m, int64_t n, __mmask16 last, int64_t k0, int64_t k1,
-                        bool first, bool final, const float* pf) {
-  const int64_t N = a.N;
-  const float* w = static_cast<const float*>(a.w) + n;
-  const float* x = a.x + m * a.ldx;
-  __m512 acc[MB][NB];
-#pragma GCC unroll 8
-  for (int i = 0; i < MB; ++i)
-#pragma GCC unroll 8
-    for (int j = 0; j < NB; ++j)
-      acc[i][j] = first ? _mm512_setzero_ps()
-                        : _mm512_maskz_loadu_ps(j == NB - 1 ? last : kAll, a.out + (m + i) * N + n + 16 * j);
-  for (int64_t k = k0; k < k1; ++k) {
-    const float* row = w + k * N;
-    if (pf != nullptr) {
-#pragma GCC unroll 8
-      for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(pf + (k - k0) * N + 16 * j), _MM_HINT_T1);
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < NB; ++j) {
-      const __m512 wv = _mm512_maskz_loadu_ps(j == NB - 1 ? last : kAll, row + 16 * j);
-#pragma GCC unroll 8
-      for (int i = 0; i < MB; ++i) acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * a.ldx + k]), wv, acc[i][j]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int j = 0; j < NB; ++j) {
-    const __mmask16 mk = j == NB - 1 ? last : kAll;
-    const __m512 b = final && a.bias != nullptr ? _mm512_maskz_loadu_ps(mk, a.bias + n + 16 * j) : _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i)
-      _mm512_mask_storeu_ps(a.out + (m + i) * N + n + 16 * j, mk, final ? _mm512_add_ps(acc[i][j], b) : acc[i][j]);
-  }
-}
-
-template <int NB, int R>
-inline void direct_rows_tail(const Dense16Args& a, int64_t m, int64_t rest, int64_t n, __mmask16 last, int64_t k0,
-                             int64_t k1, bool first, bool final, const float* pf) {
-  if constexpr (R > 0) {
-    if (rest == R) direct_tile<R, NB>(a, m, n, last, k0, k1, first, final, pf);
-    else direct_rows_tail<NB, R - 1>(a, m, rest, n, last, k0, k1, first, final, pf);
-  }
-}
-
-// Every row tile of x on the output tile at n (nb blocks); the first row tile prefetches (the others read the
-// same W from cache)
-template <int NB>
-inline void direct_blocks(const Dense16Args& a, int64_t nb, int64_t n, __mmask16 last, int64_t k0, int64_t k1,
-                          bool first, bool final, const float* pf) {
-  if constexpr (NB > 0) {
-    if (nb != NB) return direct_blocks<NB - 1>(a, nb, n, last, k0, k1, first, final, pf);
-    int64_t m = 0;
-    for (; m + kDirectRows <= a.M; m += kDirectRows, pf = nullptr)
-      direct_tile<kDirectRows, NB>(a, m, n, last, k0, k1, first, final, pf);
-    if (m < a.M) direct_rows_tail<NB, kDirectRows - 1>(a, m, a.M - m, n, last, k0, k1, first, final, pf);
-  }
-}
+struct DirectTiles {
+  static constexpr int kRows = kDirectRows, kBlocks = kDirectBlocks;
+  static constexpr _mm_hint kHint = _MM_HINT_T1;
+};
 
 // One thread's outputs: 16-output blocks [b0, b1) of an fp32 W (K > 0)
 void direct_range(const Dense16Args& a, int64_t b0, int64_t b1) {
@@ -261,8 +215,8 @@ void direct_range(const Dense16Args& a, int64_t b0, int64_t b1) {
       const int64_t k1 = min64(k0 + kDirectKc, a.K);
       for (int64_t b = s0; b < s1; b += kDirectBlocks) {
         const int64_t nb = min64(kDirectBlocks, s1 - b), ahead = b + kDirectAheadTiles * kDirectBlocks;
-        direct_blocks<kDirectBlocks>(a, nb, b * 16, mask16(a.N - (b + nb - 1) * 16), k0, k1, k0 == 0, k1 == a.K,
-                                     ahead < s1 ? w + k0 * a.N + ahead * 16 : nullptr);
+        const Chunk c{k0, k1, k0 == 0, k1 == a.K, ahead < s1 ? w + k0 * a.N + ahead * 16 : nullptr, k1 - k0};
+        stream_blocks<kFp32, kDirectBlocks, DirectTiles>(a, nb, b * 16, mask16(a.N - (b + nb - 1) * 16), c);
       }
     }
   }
