@@ -16,8 +16,8 @@ call: no fp32 copy of a 16-bit weight and no repacked one is kept
   the weight's rows into its own partial sums, added in thread order: one
   sequential stream per thread, near the machine's read bandwidth (2-4 rows
   too). From 5 rows an fp32 weight is read where it lies by register tiles of
-  8 rows x 48 outputs (1.2-1.5x the panels in fp32 decode steps of 8-64 rows,
-  and as fast or faster up to 2048 rows: 165-188 GFLOP/s on 2 Zen 4 cores);
+  8 rows x 48 outputs (the 0.3B's fp32 decode step 1.6x at B=8 and B=32 against
+  the old stream tiles / panels; 1.04-1.13x the panels alone at 512-2048 rows);
 - panel (from ``PANEL_MIN_ROWS`` rows where the bf16 GEMM is not taken: fp16
   weights at any size, bf16 below ``GEMM_MIN_ROWS``): the same arithmetic,
   bit for bit equal to the stream kernel from 2 rows, on the weight widened into

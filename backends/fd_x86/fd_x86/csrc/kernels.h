@@ -169,8 +169,9 @@ constexpr int64_t kDense16GemmMinRows = 16;
 // (the same VM on a slow-memory day) fp32 0.78x at B=8, 0.89x at B=12, 1.00x
 // at B=16, 1.05x at B=24, bf16 0.79x at B=8, 0.84x at B=12. The panels' packs
 // read W in short runs, which such a day serves slowly; from 16 rows.
-// An fp32 W stays on the stream kernel at every M (its direct tiles, kernels_dense16.cc:
-// 1.19-1.53x the panels in the 0.3B's fp32 decode steps at 16-64 rows, session 20).
+// An fp32 W stays on the stream kernel at every M (its direct tiles, kernels_dense16.cc;
+// session 20: their first version already ran 1.19-1.53x the panels in the 0.3B's fp32
+// decode steps at 16-64 rows, the tuned one 1.04-1.13x them at 512-2048 rows alone).
 constexpr int kDense16Panel = 4;
 constexpr int64_t kDense16PanelMinRows = 16, kDense16PanelMaxN = 8192;
 constexpr int64_t kDense16AmxWideRows = 32, kDense16AmxWideElems = int64_t(1) << 26;

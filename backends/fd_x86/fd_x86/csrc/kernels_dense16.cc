@@ -410,7 +410,7 @@ int dense16_kernel(const Dense16Args& a) {
   if (a.M < kDense16PanelMinRows || a.wtype == kDense16Fp32) return kDense16Stream;  // fp32: its direct tiles
   // a wide 16-bit W (the LM head) below kDense16GemmMinRows rows: the stream kernel's chunks read its rows in
   // runs of tens of KB, the panels' packs in 1-2 KB runs, which the memory serves slower
-  if (a.wtype != kDense16Fp32 && a.M < kDense16GemmMinRows && a.N > kDense16PanelMaxN) return kDense16Stream;
+  if (a.M < kDense16GemmMinRows && a.N > kDense16PanelMaxN) return kDense16Stream;
   if (a.wtype != kDense16Bf16 || a.M < kDense16GemmMinRows) return kDense16Panel;
   // AMX-BF16 from kDense16GemmMinRows rows, except a wide matrix (the LM head) below
   // kDense16AmxWideRows: the per-call packing of W is then not amortised (measured on a

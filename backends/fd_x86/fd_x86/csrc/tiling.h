@@ -25,11 +25,12 @@ namespace {
 // 0.98-1.07x). Into L2 (T1) since session 20, as every weight stream's software
 // prefetch in fd_x86 (kernels_dense16.cc, packed_drive.h, kernels_avx512.cc,
 // kernels_int8_bf16.cc): L1's few miss buffers and 32 KB were held by lines
-// fetched thousands of bytes early. All five sites at once against T0, the
+// fetched thousands of bytes early. All sites at once against T0, the
 // 0.3B's decode step (Zen 4, 2 threads, same process): B=1 fp32 1.04x, bf16
 // 1.08x, wint8 (bf16 head) 1.08x, w8a8 + w8a8 head 1.12x, all-int4 1.04x,
 // w4a8 + w4a8 head 0.99x; mid-size MoE w4a8 + head B=1 1.02x, wint4 1.00x,
-// w8a8 B=8 1.08x; 0.3B wint8 B=8 0.98x (each site alone there: 1.00x).
+// w8a8 B=8 1.08x; 0.3B wint8 B=8 0.98x (the packed, int8 and int4 sites each
+// alone there: 1.00x).
 struct RunPrefetch {
   const char* p;
   RunPrefetch(const void* run, int64_t ahead) : p(static_cast<const char*>(run) + ahead) {}
