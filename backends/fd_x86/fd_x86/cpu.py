@@ -16,6 +16,7 @@ __all__ = ["AMX_MIN_ROWS", "AVX512_FLAGS", "CpuFeatures", "DENSE16_GEMM_MIN_ROWS
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")  # the 16-bit dense and KV kernels
 AVX512_VNNI_FLAGS = (*AVX512_FLAGS, "avx512_vnni")
 AVX512_BF16_FLAG = "avx512_bf16"  # vdpbf16ps: the bf16 dense GEMM (fd_x86.dense16)
+AVX512_VBMI_FLAG = "avx512vbmi"  # vpermi2b: wint8 codes to bf16 by byte tables (csrc/kernels_int8_bf16.cc)
 # kernels.h's kDense16GemmMinRows: bf16 dense calls with this many rows run the GEMM
 DENSE16_GEMM_MIN_ROWS = 16
 DENSE16_PANEL_MIN_ROWS, DENSE16_PANEL_MAX_N = 16, 8192  # kernels.h kDense16PanelMinRows, kDense16PanelMaxN
@@ -102,6 +103,8 @@ def _bf16_act_line(features: CpuFeatures) -> str:
                 + "), the fp32 FMA kernels")
     line = (f"{'/'.join(on)} on bf16 activations (--dtype bfloat16): avx512-bf16 vdpbf16ps, the activations "
             "rounded to bf16 at the linear")
+    if "wint8" in on and features.has(AVX512_VBMI_FLAG) and os.environ.get("FD_X86_INT8_BF16_TABLES") != "0":
+        line += " (wint8 codes to bf16 by avx512-vbmi byte tables at 1-4 rows and in panels)"
     if off:
         return line + "".join(f"; {m}: off ({var}=0), the fp32 FMA kernels" for m, var in off)
     return line + " (FD_X86_INT4_BF16=0 / FD_X86_INT8_BF16=0: fp32 FMA)"

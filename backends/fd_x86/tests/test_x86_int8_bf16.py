@@ -29,7 +29,7 @@ BF16_METHOD, PACKED_FP32, CONTRACT_FP32, INT8_ACT = 10, 0, 3, 7  # INT8_ACT: the
 def _weight(rng: np.random.Generator, n: int, k: int, act_dtype: str = "bfloat16",
             scales: np.ndarray | None = None) -> tuple[QuantizedWeight, np.ndarray]:
     """A random wint8 weight (codes over the whole int8 range) and its values ``[n, k]`` in float64."""
-    codes = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    codes = rng.integers(-128, 128, (n, k)).astype(np.int8)
     if scales is None:
         scales = (rng.random(n) * 0.02 + 0.001).astype(np.float32)
     quant = QuantizedWeight("wint8", paddle.to_tensor(codes), paddle.to_tensor(scales), k, n, -1, act_dtype)
@@ -63,6 +63,17 @@ def test_the_pairs_layout() -> None:
             assert w[item, k // 2, 32 * b + 2 * c + k % 2] == (q[n, k] if n < 40 else 0)
     with pytest.raises(ValueError, match="even K, got 5"):
         pack_weight("wint8_pairs", q[:, :5], np.ones(40, np.float32))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 5, 13, 17])  # table tiles, 12-row tiles converting alone, the panel
+def test_every_code_converts_exactly(rows: int) -> None:
+    """Channel n holds the one code n - 128 (all 256, -128 included: the table conversion's patched
+    case, whose |q| reads as index 0) against activations 1.0: each output is exactly 64 x code x scale."""
+    codes = np.repeat((np.arange(256) - 128).astype(np.int8)[:, None], 64, axis=1)
+    scales = np.full(256, 0.5, np.float32)
+    quant = QuantizedWeight("wint8", paddle.to_tensor(codes), paddle.to_tensor(scales), 64, 256, -1, "bfloat16")
+    got = _run(np.ones((rows, 64), np.float32), quant)
+    np.testing.assert_array_equal(got, np.tile((np.arange(256) - 128) * 32.0, (rows, 1)).astype(np.float32))
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -191,7 +202,7 @@ def _experts(seed: int, act_dtype: str, d: int = D, inter: int = INTER) -> tuple
     rng = np.random.default_rng(seed)
 
     def stack(d_in: int, d_out: int) -> QuantizedWeight:
-        codes = rng.integers(-127, 128, (E, d_out, d_in)).astype(np.int8)
+        codes = rng.integers(-128, 128, (E, d_out, d_in)).astype(np.int8)  # -128 too (the table conversion)
         scales = (rng.random((E, d_out)) * 0.002 + 0.0002).astype(np.float32)
         return QuantizedWeight("wint8", paddle.to_tensor(codes), paddle.to_tensor(scales), d_in, d_out, -1, act_dtype)
 
@@ -319,3 +330,49 @@ def test_the_moe_layer_entry_follows_the_switch(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("FD_X86_INT8_BF16", "0")
     attrs = fd_x86.moe._entry(gate, None, quant, *shared)[1]
     assert (attrs[0], attrs[4]) == (0, 0)
+
+
+_TABLES_SCRIPT = """
+import sys
+import numpy as np
+import paddle
+sys.path.insert(0, {tests!r})
+import test_x86_int8_bf16 as t
+import fd_x86.moe
+rng = np.random.default_rng(77)
+quant, _ = t._weight(rng, 70, 192)
+outs = {{f"pairs{{rows}}": t._run(rng.normal(0, 1, (rows, 192)).astype(np.float32), quant)
+        for rows in (1, 2, 3, 4, 5, 17)}}
+experts = t._experts(78, "bfloat16")
+for tokens in (1, 3, 40):
+    x = rng.standard_normal((tokens, t.D)).astype(np.float32)
+    ids, weights = t._routing(rng, tokens)
+    outs[f"experts{{tokens}}"] = fd_x86.moe.moe_experts(paddle.to_tensor(x), paddle.to_tensor(weights),
+                                                       paddle.to_tensor(ids), experts).numpy()
+np.savez(sys.argv[1], **outs)
+"""
+
+
+def test_the_byte_tables_give_the_widening_conversions_bits(tmp_path: Any) -> None:
+    """Where the CPU has AVX-512 VBMI the kernels convert codes by byte tables (kernels_int8_bf16.cc's
+    CodeTables) in tiles of up to 4 rows, and the panels; ``FD_X86_INT8_BF16_TABLES=0`` (read once per
+    process) widens them through fp32 instead. The linears at 1-5 and 17 rows and the experts at 1, 3 and
+    40 tokens must give the same bits both ways (a CPU without VBMI runs the widening both times)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "tables.py"
+    script.write_text(_TABLES_SCRIPT.format(tests=str(Path(__file__).parent)))
+    env = {k: v for k, v in os.environ.items() if k not in ("FD_X86_INT8_BF16_TABLES", "FD_X86_MOE_NATIVE")}
+    got = {}
+    for tables in ("1", "0"):
+        out = tmp_path / f"out{tables}.npz"
+        done = subprocess.run([sys.executable, str(script), str(out)], env={**env, "FD_X86_INT8_BF16_TABLES": tables},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        got[tables] = dict(np.load(out))
+    assert sorted(got["1"]) == sorted(got["0"])
+    for name, value in got["1"].items():
+        np.testing.assert_array_equal(value, got["0"][name], err_msg=name)

@@ -94,6 +94,10 @@ void wint4_words_bf16_avx512(const LinearArgs& a);
 void wint8_bf16_prepare_avx512(const float* x, int64_t M, int64_t K, uint32_t* xb, int threads);
 void wint8_pairs_bf16_avx512(const LinearArgs& a);
 void wint8_contract_bf16_avx512(const LinearArgs& a);
+// The same kernels converting the codes by byte tables (kernels_int8_bf16_vbmi.cc;
+// also needs avx512_vbmi): the two above call them where the CPU has it. The same bits.
+void wint8_pairs_bf16_vbmi(const LinearArgs& a);
+void wint8_contract_bf16_vbmi(const LinearArgs& a);
 
 void wint8_avx2(const LinearArgs& a);
 void wint4_avx2(const LinearArgs& a);
