@@ -84,9 +84,24 @@ def quantization(config: str, lm_head: str, group_size: int) -> dict[str, Any] |
 def step_bytes(model: Any) -> int:
     """Bytes one B=1 decode step reads: every resident weight's storage (codes +
     scales for quantized ones) except the embedding table, of which one row (the
-    table may be a tied float head's view, which ``resident_params`` leaves out)."""
+    table may be a tied float head's view, which ``resident_params`` leaves out),
+    and of a MoE layer's stacked routed experts the ``top_k`` its token is routed to."""
+    from fd_core.layers.mlp import MoE
+
     embed = getattr(model, "embed_tokens", None)
-    total = sum(resident_bytes(p.data) for p in resident_params(model) if p.data is not None and p is not embed)
+    routed = {}  # id(stacked experts param) -> (top_k, experts)
+    for layer in getattr(model, "layers", ()):
+        mlp = getattr(layer, "mlp", None)
+        if isinstance(mlp, MoE):
+            experts = int(mlp.gate.shape[1])
+            for param in (mlp.up_gate_proj, mlp.down_proj):
+                routed[id(param)] = (mlp.top_k, experts)
+    total = 0
+    for p in resident_params(model):
+        if p.data is None or p is embed:
+            continue
+        k, experts = routed.get(id(p), (1, 1))
+        total += resident_bytes(p.data) * k // experts
     if embed is not None and embed.data is not None:
         total += resident_bytes(embed.data) // int(embed.data.shape[0])
     return total
