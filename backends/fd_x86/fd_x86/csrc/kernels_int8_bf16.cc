@@ -85,9 +85,8 @@ inline __m512bh codes_bf16(const int8_t* q) {
 // bits); both come from 128-entry tables indexed by |q| (vpermi2b), the sign
 // is or-ed into the high byte, -128 (whose |q| reads as index 0) is patched,
 // and two more vpermi2b interleave the bytes into the words codes_bf16 gives:
-// 8 instructions per 64 codes against 10, and none of them on the FP pipes
-// vdpbf16ps needs. The same bf16 values, so the same bits (tested for every
-// code). One row over the 0.3B's 361 MB of wint8 weights, a standalone loop
+// 8 instructions per 64 codes against 10. The same bf16 values, so the same
+// bits (tested for every code). One row over the 0.3B's 361 MB of wint8 weights, a standalone loop
 // (Zen 4): 1.41x on one thread (18.9 -> 26.6 GB/s), 1.39x on two when the
 // memory keeps up (36.5 -> 50.7 GB/s), 1.08x on a slow-memory run (32.9 ->
 // 35.4); cache-resident, one thread, 1.29x.
@@ -438,7 +437,7 @@ void wint8_contract_bf16_vbmi(const LinearArgs& a) { contract_linear(a); }
 #else
 
 // AVX-512 VBMI here, and FD_X86_INT8_BF16_TABLES not "0" (an A/B switch, read once)
-bool int8_bf16_tables() {
+static bool int8_bf16_tables() {
   static const bool on = [] {
     const char* env = std::getenv("FD_X86_INT8_BF16_TABLES");
     return __builtin_cpu_supports("avx512vbmi") && !(env != nullptr && std::string(env) == "0");
