@@ -65,7 +65,7 @@ def test_the_pairs_layout() -> None:
         pack_weight("wint8_pairs", q[:, :5], np.ones(40, np.float32))
 
 
-@pytest.mark.parametrize("rows", [1, 3, 5, 13, 17])  # table tiles, 12-row tiles converting alone, the panel
+@pytest.mark.parametrize("rows", [1, 3, 5, 13, 70])  # table tiles, 12-row tiles converting alone, the panel
 def test_every_code_converts_exactly(rows: int) -> None:
     """Channel n holds the one code n - 128 (all 256, -128 included: the table conversion's patched
     case, whose |q| reads as index 0) against activations 1.0: each output is exactly 64 x code x scale."""
@@ -342,7 +342,7 @@ import fd_x86.moe
 rng = np.random.default_rng(77)
 quant, _ = t._weight(rng, 70, 192)
 outs = {{f"pairs{{rows}}": t._run(rng.normal(0, 1, (rows, 192)).astype(np.float32), quant)
-        for rows in (1, 2, 3, 4, 5, 17)}}
+        for rows in (1, 2, 3, 4, 5, 70)}}
 experts = t._experts(78, "bfloat16")
 for tokens in (1, 3, 40):
     x = rng.standard_normal((tokens, t.D)).astype(np.float32)
@@ -356,7 +356,7 @@ np.savez(sys.argv[1], **outs)
 def test_the_byte_tables_give_the_widening_conversions_bits(tmp_path: Any) -> None:
     """Where the CPU has AVX-512 VBMI the kernels convert codes by byte tables (kernels_int8_bf16.cc's
     CodeTables) in tiles of up to 4 rows, and the panels; ``FD_X86_INT8_BF16_TABLES=0`` (read once per
-    process) widens them through fp32 instead. The linears at 1-5 and 17 rows and the experts at 1, 3 and
+    process) widens them through fp32 instead. The linears at 1-5 and 70 rows and the experts at 1, 3 and
     40 tokens must give the same bits both ways (a CPU without VBMI runs the widening both times)."""
     import os
     import subprocess
