@@ -49,8 +49,8 @@ using fdx86::LinearArgs;
 // products, its memory reads not hidden behind them, and below 64 rows that
 // cost more than converting in each 12-row tile. Same process, 0.3B wint8 +
 // int8 head decode (Zen 4, 2 threads): B=16 1.10x, B=32 1.11x; mid-size MoE
-// wint8 B=32 1.04x. One [1024 x 103424] linear alone: 16 rows 1.39x, 32 rows
-// 1.24x, 64-512 rows within 3%.
+// wint8 B=32 1.04x. One [1024 x 103424] linear alone (back-to-back processes):
+// 16 rows 1.39x, 32 rows 1.24x, 64-512 rows within 3%.
 constexpr int64_t kPanelRows = 64;
 constexpr int64_t kContractPanelRows = 32;  // the contract tiles' (their 6 x 4 tiles convert less per product)
 // Software prefetch distance in each pairs stream: at 1 row over 189 MB of weights, 4 KiB read at
@@ -236,8 +236,8 @@ struct Wint8PairsBf16 {
   }
 
   // blocks nb0 .. nb0 + nb (nb0 even, nb <= 2) in bf16 into `panel`; prefetched as far ahead as the
-  // tiles' streams (1 KB before session 21: a 512-token prefill 1.01-1.02x, one [1024 x 103424] linear
-  // at 64 rows 1.12x)
+  // tiles' streams (1 KB before session 21: a 512-token prefill 1.01-1.02x in one process; one
+  // [1024 x 103424] linear at 64 rows 1.12x in back-to-back processes)
   static void fill_panel(const LinearArgs& a, int64_t nb0, int64_t nb, uint16_t* panel) {
     const int64_t K2 = a.K / 2;
     const int8_t* w = block_codes(a, nb0);
