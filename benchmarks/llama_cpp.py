@@ -3,6 +3,7 @@
     python benchmarks/llama_cpp.py                      # 0.3B dense + mid-size MoE, B = 1 8 32, 2 threads
     python benchmarks/llama_cpp.py --quick              # tiny shapes, one round: a smoke run
     python benchmarks/llama_cpp.py --shapes 0.3b --batch 1 8 --lm-head int8
+    python benchmarks/llama_cpp.py --num-scheduler-steps 8   # fd-core decoding 8 greedy steps a schedule
     python benchmarks/llama_cpp.py --llama-cpp ~/src/llama.cpp   # an existing build (build/bin)
 
 A benchmark, never CI. Steps, for each shape (``--shapes``):
@@ -18,8 +19,9 @@ A benchmark, never CI. Steps, for each shape (``--shapes``):
    the very same files.
 3. Rounds (``--rounds``), interleaved: every fd-core configuration, then
    every llama.cpp file. Decode tok/s at each ``--batch`` after
-   ``--prompt-len``-token prompts (fd-core: B x ``--steps`` engine steps /
-   their time; llama.cpp: llama-batched-bench over ``--decode-tokens``),
+   ``--prompt-len``-token prompts (fd-core: the tokens of ``--steps`` engine
+   steps / their time, B a step, up to ``--num-scheduler-steps`` times that
+   with multi-step decoding; llama.cpp: llama-batched-bench over ``--decode-tokens``),
    and prefill tok/s of one ``--prefill-len``-token prompt (fd-core: one
    fresh prompt to its first token; llama.cpp: llama-bench -p). Each cell is
    the median over rounds. Every fd-core engine is loaded afresh before each
@@ -71,6 +73,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="threads on both sides (FD_CPU_NUM_THREADS / -t)")
     p.add_argument("--backend", default="auto", help="fd-core backend: auto (x86 when usable, else cpu), x86, cpu")
     p.add_argument("--fd-dtype", default="auto", help="fd-core --dtype of the quantized rows (fp32 row: float32)")
+    p.add_argument("--num-scheduler-steps", type=int, default=1,
+                   help="fd-core's --num-scheduler-steps (multi-step decoding) for every fd-core row")
     p.add_argument("--lm-head", choices=["float", "int8"], default="float",
                    help="fd-core LM head: float (engine default) or int8 (as llama.cpp's q8_0 / q4_0 quantize it)")
     p.add_argument("--reload", action=argparse.BooleanOptionalAction, default=True,
@@ -188,11 +192,13 @@ def run_shape(name: str, shape: Shape, args: argparse.Namespace, llama: Any) -> 
     ggufs = {q: f32 if q == "f32" else quantize(llama, f32, q, args.threads) for q in shape.llama_types}
 
     backend = _backend(args.backend)
-    max_len = max(args.prefill_len, args.prompt_len + args.steps + 8, 64) + 64
+    max_len = max(args.prefill_len, args.prompt_len + (args.steps + 2) * args.num_scheduler_steps + 8, 64) + 64
     rows = []
     for config in shape.fd_configs:
         kwargs = with_lm_head(config.engine_kwargs, args.lm_head)
         kwargs.setdefault("dtype", args.fd_dtype)
+        if args.num_scheduler_steps > 1:
+            kwargs["num_scheduler_steps"] = args.num_scheduler_steps
         print(f"loading fd-core {backend} {config.name}", flush=True)
         rows.append(fdc.load(f"fd-core {backend} {config.name}", ckpt, backend, kwargs, max(args.batch), max_len,
                              config.env))
@@ -279,9 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"load average at the end {' '.join(f'{x:.2f}' for x in info['loadavg'])} (above {args.threads}: other "
           "work shared the cores, figures are noisy)")
     print(f"llama.cpp: {llama.origin}, commit {llama.commit()}, {llama.bin_dir}")
-    print(f"decode tok/s after {args.prompt_len}-token prompts (fd-core: B x {args.steps} engine steps / their time; "
-          f"llama.cpp: llama-batched-bench, {args.decode_tokens} tokens), prefill tok/s; median of {args.rounds} "
-          f"interleaved round(s); fd-core LM head {args.lm_head}, --dtype {args.fd_dtype} for quantized rows\n")
+    print(f"decode tok/s after {args.prompt_len}-token prompts (fd-core: the tokens of {args.steps} engine steps / "
+          f"their time, --num-scheduler-steps {args.num_scheduler_steps}; llama.cpp: llama-batched-bench, "
+          f"{args.decode_tokens} tokens), prefill tok/s; median of {args.rounds} interleaved round(s); fd-core LM "
+          f"head {args.lm_head}, --dtype {args.fd_dtype} for quantized rows\n")
     failed = []
     for result in results.values():
         failed += fp32_mismatches(result["greedy"])

@@ -4,8 +4,9 @@ Decode steps are timed as ``benchmarks/quant_decode.py`` times them (its
 ``start`` / ``timed_steps`` / ``finish``: B requests of ``prompt_len``
 random token ids are prefilled, one warm-up decode step, then ``steps``
 timed ``engine.step()`` calls: scheduler, forward and greedy sampler, what a
-user gets); a round's tok/s is B x steps / their total time, as
-llama-batched-bench counts (a median step would hide the slow steps a busy
+user gets); a round's tok/s is the tokens those steps made (B x steps, or up
+to ``--num-scheduler-steps`` times that with multi-step decoding) over
+their total time, as llama-batched-bench counts (a median step would hide the slow steps a busy
 machine gives and llama.cpp's mean does not). Prefill is the wall
 time of the steps that take one fresh ``prefill_len``-token prompt to its
 first token (prefix caching off, so every round really prefills). A row's
@@ -107,12 +108,17 @@ def measure_decode(row: FdRow, batches: Sequence[int], prompt_len: int, steps: i
 
 
 def _measure_decode(row: FdRow, batches: Sequence[int], prompt_len: int, steps: int) -> None:
+    engine = row.config.llm.engine
+    per_step = engine.core.scheduler_config.num_scheduler_steps  # tokens a request gets from one engine step
     for batch in batches:
-        start(row.config, batch, prompt_len, steps + 4)
+        start(row.config, batch, prompt_len, (steps + 2) * per_step + 4)
+        running = list(engine.core.scheduler.running)
+        before = sum(r.num_output_tokens for r in running)
         timed_steps(row.config, batch, steps)
+        made = sum(r.num_output_tokens for r in running) - before  # none finishes within the timed steps
         finish(row.config)
         times = row.config.steps[batch][-steps:]
-        row.decode.setdefault(batch, []).append(batch * steps / sum(times))
+        row.decode.setdefault(batch, []).append(made / sum(times))
 
 
 def measure_prefill(row: FdRow, prefill_len: int, seed: int) -> None:

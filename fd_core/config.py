@@ -76,6 +76,10 @@ class EngineArgs:
     long_prefill_token_threshold: int = 0  # 0 = 4% of max_model_len when partial prefills > 1, else off
     max_num_partial_prefills: int = 1
     max_long_partial_prefills: int = 1
+    # multi-step decoding: a schedule whose requests all decode greedily runs up to this many
+    # forward steps, each token fed to the next, before the engine's Python runs again (vLLM's
+    # --num-scheduler-steps; fd_core.engine.scheduler, EngineCore._multi_step); 1 = off
+    num_scheduler_steps: int = 1
     lm_head_fp32: bool = False  # keep the LM head (and its matmul) in fp32 whatever the quantization
     # FastDeploy's repetition early stop: stop a request whose sampled token has had
     # probability > threshold for window_size consecutive steps (finish_reason "stop")
@@ -148,7 +152,7 @@ class EngineArgs:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                      "num_gpu_blocks_override", "tensor_parallel_size", "data_parallel_size",
                      "max_num_partial_prefills",
-                     "max_long_partial_prefills"):
+                     "max_long_partial_prefills", "num_scheduler_steps"):
             positive(name)
         if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
             raise ValueError("--long-prefill-token-threshold must be an integer >= 0, got "
@@ -163,6 +167,10 @@ class EngineArgs:
                 f"--max-long-partial-prefills {self.max_long_partial_prefills} exceeds "
                 f"--max-num-partial-prefills {self.max_num_partial_prefills}; it counts a subset of them"
             )
+        if self.num_scheduler_steps > 1 and self.speculative_config is not None:
+            raise ValueError(f"--num-scheduler-steps {self.num_scheduler_steps} with --speculative-config: "
+                             "speculative decoding runs its own steps (drafts, then one verifying forward); "
+                             "use one or the other")
         EarlyStopConfig.from_args(self.enable_early_stop, self.early_stop_config)  # names a bad key or value
         self._check_logits_processor_modules()
         if self.chat_template is not None:

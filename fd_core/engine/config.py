@@ -54,6 +54,9 @@ class SchedulerConfig:
     # first, so short requests are not stuck behind long ones (vLLM / FastDeploy)
     max_num_partial_prefills: int = 1
     max_long_partial_prefills: int = 1
+    # multi-step decoding: a schedule whose requests all decode (and may: Request.multi_step) runs up
+    # to this many forward steps, each request's token fed to the next (vLLM's --num-scheduler-steps)
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -67,7 +70,7 @@ class SchedulerConfig:
             raise ValueError(
                 f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"
             )
-        for name in ("max_num_partial_prefills", "max_long_partial_prefills"):
+        for name in ("max_num_partial_prefills", "max_long_partial_prefills", "num_scheduler_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_long_partial_prefills > self.max_num_partial_prefills:

@@ -153,6 +153,7 @@ class EngineCore:
             long_prefill_token_threshold=args.long_prefill_token_threshold,
             max_num_partial_prefills=args.max_num_partial_prefills,
             max_long_partial_prefills=args.max_long_partial_prefills,
+            num_scheduler_steps=args.num_scheduler_steps,
         )
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config)
         if not profiled:
@@ -218,6 +219,7 @@ class EngineCore:
             bad_words_token_ids=req.bad_words_token_ids,
             output_token_ids=request.output_token_ids, vocab_size=vocab, thinking=self.thinking,
         )
+        request.multi_step = self._may_multi_step(state)
         if params.guided_decoding is None:
             self.scheduler.add_request(request)
         else:  # held until its grammar compiled (GrammarError, a ValueError, for a bad one)
@@ -229,6 +231,36 @@ class EngineCore:
                                   multimodal=mm is not None)
         if seeded_by_engine:
             self._num_unseeded += 1
+
+    def _may_multi_step(self, state: SamplingState) -> bool:
+        """Whether the request's decodes may run several steps in one schedule (--num-scheduler-steps):
+        a greedy request whose next token depends on nothing but the logits (no bias, bans, penalties,
+        min_tokens, logits processors, grammar, thinking budget, logprobs or early stop) and no stop
+        strings (matched on text outside the core: the tokens after one would be computed for nothing,
+        and handed out), with no speculative decoding (it drafts and verifies its own steps)."""
+        p = state.params
+        return (self.scheduler_config.num_scheduler_steps > 1 and p.greedy and self.spec is None
+                and not self.sampler.logits_processors and self.sampler.early_stop is None
+                and p.guided_decoding is None and p.logprobs is None and not p.has_penalties and not p.logit_bias
+                and not p.min_tokens and not p.stop and not state.bad_words_token_ids and state.reasoning is None)
+
+    def _multi_step(self, step: StepInput, scheduled: list[Any]) -> dict[str, list[int]]:
+        """Run a multi-step schedule: ``scheduled[0].num_steps`` decode steps from ``step``, each request's
+        greedy token fed to the next; request id -> its tokens, one a step. One backend call where the
+        model and a plugin run them together (``ModelRunner.execute_greedy_steps``), else a forward and
+        the sampler a step (the same tokens)."""
+        num_steps = scheduled[0].num_steps
+        tokens = self.runner.execute_greedy_steps(step, num_steps)
+        if tokens is None:
+            states = [self._states[s.request_id] for s in scheduled]
+            tokens = []
+            for i in range(num_steps):
+                if i:
+                    step = StepInput(token_ids=[[t] for t in tokens[-1]], seq_lens=[n + 1 for n in step.seq_lens],
+                                     block_tables=step.block_tables, num_decodes=step.num_decodes,
+                                     needs_logits=step.needs_logits)
+                tokens.append(self.sampler.sample(self.runner.execute(step), states).sampled_token_ids)
+        return {s.request_id: [row[j] for row in tokens] for j, s in enumerate(scheduled)}
 
     def abort(self, request_ids: list[str], reason: RequestStatus = RequestStatus.FINISHED_ABORTED,
               stop_reason: int | str | None = None) -> None:
@@ -273,7 +305,13 @@ class EngineCore:
         grammar_ended: dict[str, str | None] = {}
         verified: list[tuple[Any, int]] = []  # (scheduled request with drafts, its first row)
         scheduled = out.scheduled
-        if scheduled:
+        if scheduled and scheduled[0].num_steps > 1:  # multi-step: every request decodes, greedy
+            step = StepInput(token_ids=[s.token_ids for s in scheduled], seq_lens=[s.seq_len for s in scheduled],
+                             block_tables=[s.block_ids for s in scheduled], num_decodes=out.num_decodes,
+                             needs_logits=[True] * len(scheduled))
+            sampled = self._multi_step(step, scheduled)
+            stats.forward_seconds = time.perf_counter() - start
+        elif scheduled:
             wants_prompt = [self._wants_prompt_logprobs(s) for s in scheduled]
             drafted = [s.num_draft_tokens > 0 for s in scheduled]  # speculative: every row scored
             mm_inputs = [self._mm_inputs.get(s.request_id) for s in scheduled] if self._mm_inputs else []

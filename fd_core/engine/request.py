@@ -141,6 +141,9 @@ class Request:
         self.stop_reason: int | str | None = None  # the stop token id or stop string, if any
         self.num_cached_tokens = 0  # prefix-cache hit at first admission (usage.cached_tokens)
         self.num_preemptions = 0
+        # set by the engine core: its decode steps may run several forward steps in one schedule
+        # (--num-scheduler-steps; greedy sampling nothing else changes, see EngineCore)
+        self.multi_step = False
 
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.first_token_time: float | None = None

@@ -19,6 +19,13 @@ target's token) and rolls the rest back: ``num_computed_tokens`` counts only
 verified tokens, the prefix cache registers only blocks full of them, and
 blocks that held only rejected drafts go back to the pool.
 
+Multi-step decoding (``num_scheduler_steps`` > 1): when every running
+request is decoding, may (``Request.multi_step``: the engine core's greedy
+requests) and nobody waits who could be admitted, each gets the same
+``num_steps`` forward steps in one schedule (cut to its ``max_tokens`` and
+``max_model_len``, and to 1 when the free blocks cannot hold every step's
+slot); ``update_from_output`` then takes that many tokens, up to a stop.
+
 Called by the engine core, in a loop: ``add_request`` / ``abort`` /
 ``finish_requests`` as messages arrive, then ``schedule`` -> run the model ->
 ``update_from_output``.
@@ -203,10 +210,18 @@ class Scheduler:
         preempted: list[str] = []
         partials = PartialPrefills(self.config)
         drafts_of, self._draft_token_ids = self._draft_token_ids, {}
+        num_steps = self._num_steps(drafts_of)
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if num_steps > 1:  # every running request decodes num_steps tokens; _num_steps counted the blocks
+                if kv.allocate_slots(req, num_steps) is None:
+                    raise RuntimeError(f"request {req.request_id}: no free blocks for {num_steps} steps")
+                scheduled.append(self._scheduled(req, 1, num_steps=num_steps))
+                budget -= num_steps
+                i += 1
+                continue
             drafts = self._usable_drafts(req, drafts_of.get(req.request_id), budget)
             num_new = 1 + len(drafts) if drafts else self._num_new_tokens(req, req.num_computed_tokens, budget)
             if num_new == 0:
@@ -264,7 +279,7 @@ class Scheduler:
         output = SchedulerOutput(
             scheduled=decodes + verifies + prefills,
             num_decodes=len(decodes),
-            num_scheduled_tokens={s.request_id: s.num_tokens for s in scheduled},
+            num_scheduled_tokens={s.request_id: s.num_tokens * s.num_steps for s in scheduled},
             total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
             preempted_req_ids=preempted,
             finished_req_ids=self._finished_ids,
@@ -313,14 +328,20 @@ class Scheduler:
             token_ids = sampled.get(s.request_id)
             if not token_ids:
                 raise ValueError(f"request {s.request_id} sampled this step but got no token ids")
-            num_rejected = 0
+            num_computed = s.num_tokens
+            if s.num_steps > 1:  # multi-step: every token fed to a step (the last known, then the sampled
+                # ones but the last) has its KV in the cache
+                if len(token_ids) != s.num_steps:
+                    raise ValueError(f"request {s.request_id}: {len(token_ids)} tokens for a schedule of "
+                                     f"{s.num_steps} steps (one a step)")
+                num_computed = s.num_steps
             if s.num_draft_tokens:  # verified drafts, then the target's own token
                 num_rejected = s.num_draft_tokens - (len(token_ids) - 1)
                 if num_rejected < 0:
                     raise ValueError(f"request {s.request_id}: {len(token_ids)} tokens for a step with "
                                      f"{s.num_draft_tokens} drafts (at most drafts + 1)")
-            # the KV of rejected drafts is not counted: the next step overwrites it
-            req.num_computed_tokens += s.num_tokens - num_rejected
+                num_computed -= num_rejected  # the KV of rejected drafts: the next step overwrites it
+            req.num_computed_tokens += num_computed
             new_token_ids = self._append_tokens(req, token_ids)
             # a stop among accepted drafts: the tokens after it were never emitted
             req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)
@@ -388,6 +409,28 @@ class Scheduler:
             num_new = min(num_new, threshold)
         return min(num_new, budget)
 
+    def _num_steps(self, drafts_of: Mapping[str, list[int]]) -> int:
+        """Forward steps for this schedule's decodes (multi-step decoding), 1 for a usual step: more only
+        when every running request decodes and may, nobody waiting could be admitted, and the free
+        blocks hold every step's slot; cut so no request passes its max_tokens or max_model_len."""
+        steps = self.config.num_scheduler_steps
+        running = self.running
+        if steps <= 1 or not running or drafts_of or (self.waiting and len(running) < self.config.max_num_seqs):
+            return 1
+        steps = min(steps, self.config.max_num_batched_tokens // len(running))
+        for req in running:
+            if not req.multi_step or req.num_computed_tokens != req.num_tokens - 1:
+                return 1
+            steps = min(steps, self.config.max_model_len - req.num_tokens)
+            if req.max_tokens is not None:
+                steps = min(steps, req.max_tokens - req.num_output_tokens)
+            if steps <= 1:
+                return 1
+        kv = self.kv_cache_manager
+        need = sum(max(kv.num_blocks_for(req.num_computed_tokens + steps) - len(kv.get_block_ids(req)), 0)
+                   for req in running)
+        return steps if need <= kv.pool.num_free_blocks else 1
+
     def _usable_drafts(self, req: Request, drafts: list[int] | None, budget: int) -> list[int]:
         """The part of ``drafts`` this step can verify: none unless ``req`` is
         decoding (one token left to compute); cut to the budget (the last token
@@ -397,7 +440,7 @@ class Scheduler:
         room = min(budget - 1, self.config.max_model_len - req.num_tokens)
         return drafts[: max(room, 0)]
 
-    def _scheduled(self, req: Request, num_new: int, drafts: Sequence[int] = ()) -> ScheduledRequest:
+    def _scheduled(self, req: Request, num_new: int, drafts: Sequence[int] = (), num_steps: int = 1) -> ScheduledRequest:
         start = req.num_computed_tokens
         num_known = num_new - len(drafts)
         return ScheduledRequest(
@@ -407,6 +450,7 @@ class Scheduler:
             block_ids=self.kv_cache_manager.get_block_ids(req),
             samples=start + num_known == req.num_tokens,
             num_draft_tokens=len(drafts),
+            num_steps=num_steps,
         )
 
     def _preempt(self, req: Request) -> None:

@@ -32,6 +32,9 @@ class ScheduledRequest:
     # speculative decoding: the last token_ids are this many draft tokens to verify
     # (the step returns logits for every new token, and keeps only the verified ones)
     num_draft_tokens: int = 0
+    # multi-step decoding (a decode only): forward steps this schedule runs, each feeding the token
+    # sampled by the one before; the KV slots of all of them are allocated (block_ids)
+    num_steps: int = 1
 
     @property
     def num_tokens(self) -> int:

@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-num-partial-prefills", type=int, default=1)
     a("--max-long-partial-prefills", type=int, default=1)
     a("--long-prefill-token-threshold", type=int, default=0)
+    a("--num-scheduler-steps", type=int, default=1,
+      help="multi-step decoding: up to this many decode steps per schedule for greedy requests (vLLM's flag)")
     a("--use-cudagraph", type=_bool, nargs="?", const=True, default=False)
     a("--speculative-config", type=_json_or_str, default=None)
     a("--reasoning-parser", default=None, help="ernie_x1, ernie-45-vl, qwen3, ...")
@@ -253,6 +255,7 @@ def engine_args_from(ns: argparse.Namespace) -> Any:
         max_num_partial_prefills=ns.max_num_partial_prefills,
         max_long_partial_prefills=ns.max_long_partial_prefills,
         long_prefill_token_threshold=ns.long_prefill_token_threshold,
+        num_scheduler_steps=ns.num_scheduler_steps,
         tensor_parallel_size=ns.tensor_parallel_size,
         enable_expert_parallel=ns.enable_expert_parallel,
         data_parallel_size=ns.data_parallel_size,

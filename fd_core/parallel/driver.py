@@ -322,6 +322,11 @@ class ParallelRunner:
     def execute(self, step: Any) -> Any:
         return self._call("execute", step)
 
+    def execute_greedy_steps(self, step: Any, steps: int) -> None:
+        """None: the engine core runs multi-step decoding one ``execute`` at a time, which every rank takes
+        part in (rank 0's model alone must not run steps whose collectives the others never join)."""
+        return None
+
     def warmup(self) -> None:
         self._call("warmup")
 

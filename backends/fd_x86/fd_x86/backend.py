@@ -266,6 +266,16 @@ def fd_decoder_layers(layers: Sequence[Any], hidden: Tensor, residual: Tensor | 
 
 
 @hookimpl
+def fd_decoder_greedy_steps(layers: Sequence[Any], embedding: Any, cos_sin: Tensor, metadata: Any,
+                            k_caches: Sequence[KVPool], v_caches: Sequence[KVPool], head: Any, steps: int,
+                            vocab_size: int) -> Tensor | None:
+    from fd_x86.layer import decoder_greedy_steps
+
+    return _native(decoder_greedy_steps, layers, embedding, cos_sin, metadata, k_caches, v_caches, head, steps,
+                   vocab_size)
+
+
+@hookimpl
 def fd_moe_experts(x: Tensor, topk_weights: Tensor, topk_ids: Tensor, up_gate_weights: Tensor | None,
                    down_weights: Tensor | None, quant: Any) -> Tensor | None:
     if quant is None:  # unquantized experts: the reference's paddle matmuls

@@ -67,6 +67,14 @@ place (a tied float head's transposed view) is gathered here first.
 A cached run's inputs are held natively (a plan), a step's positions,
 slots, lengths and block tables arrive as one tensor, and the embedding's
 checks live in ``fd_x86.run_step``.
+
+``decoder_greedy_steps`` (``fd_decoder_greedy_steps``: multi-step decoding,
+``--num-scheduler-steps``) runs such a whole-model run, from the embedding to
+the head, several decode steps in one call (``fd_x86_run_plan_steps``): each
+step's greedy tokens are taken natively and fed to the next, so the engine's
+Python (scheduler, inputs, sampler, outputs: ~0.25 ms a step after the
+kernels) is paid once for the steps. It answers only the runs
+``decoder_layers`` would take with the embedding and the head in the plan.
 """
 
 from __future__ import annotations
@@ -116,7 +124,7 @@ from fd_x86.run_step import (
     step_ints,
 )
 
-__all__ = ["decoder_layers"]
+__all__ = ["decoder_greedy_steps", "decoder_layers"]
 
 WINT8_CONTRACT = 3  # the op's kernel code for wint8 on the contract layout [out, in]
 BLOCK_FP8 = 8  # its code for block_wise_fp8 codes [out, in] (packed_linear.h's kBlockFp8Method)
@@ -482,6 +490,49 @@ def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: 
         cache.recent.clear()
     cache.recent[slot] = (objs, vals, answer)
     return answer
+
+
+def decoder_greedy_steps(layers: list[Any], embedding: Any, cos_sin: Any, metadata: Any, k_caches: list[Any],
+                         v_caches: list[Any], head: Any, steps: int, vocab_size: int) -> Any:
+    """Tokens ``[steps, T]`` int64 (``fd_decoder_greedy_steps``), or None where ``decoder_layers`` would not
+    take the run from the embedding to the head in one plan (see the module doc)."""
+    rows = int(embedding.ids.shape[0]) if hasattr(embedding, "ids") else 0
+    if head is None or rows == 0 or not layers or metadata.num_decodes != rows or not _enabled() \
+            or not plans_enabled() or not embedding_enabled() or len(embedding.ids.shape) != 1 \
+            or str(embedding.ids.dtype) != "paddle.int64" or layers[-1].attention_only or not _head_enabled():
+        return None
+    table, transposed = embedding.table, False
+    if not embedding_fits(embedding):  # a tied float head's [V, D] view of its weight: the op gathers its columns
+        if not _tied_view(table, head.weight):
+            return None
+        table, transposed = head.weight, True
+    if any(layer.moe is not None for layer in layers) and not (_moe_run_enabled() and layer_enabled()):
+        return None
+    if not isinstance(head.weight, QuantizedWeight) and str(head.weight.dtype) not in DENSE16:
+        return None
+    inputs = _run_inputs(layers, cos_sin, k_caches, v_caches, rows, head)
+    if inputs is None:
+        return None
+    moe_ints, head_ints = inputs[11], inputs[14]
+    if ORPHANS:
+        free_orphans()
+    plan = inputs.plan
+    if plan is None:
+        plan = inputs.plan = Plan(inputs, layers[0], _head_args(head, head_ints))
+    int8_rows = int8_act_rows(rows) if moe_ints else 0  # the MoE blocks' opt-in, as decoder_layers
+    tokens = load_ops().fd_x86_run_plan_steps(
+        x86_ops._dense(cos_sin), step_ints(metadata), embedding.ids, table, plan.id,
+        int(metadata.block_size), num_threads(), int8_rows, int(steps), int(vocab_size), transposed)
+    return tokens
+
+
+def _tied_view(table: Any, weight: Any) -> bool:
+    """``table`` is the transposed view of the float head ``weight`` [D, V] (``fd_core.layers.basic.tie_lm_head``),
+    a contiguous host fp32 / bf16 / fp16 tensor."""
+    return (not isinstance(weight, QuantizedWeight) and str(weight.dtype) in DENSE16 and weight.is_contiguous()
+            and weight.place.is_cpu_place() and len(weight.shape) == 2 and len(table.shape) == 2
+            and list(table.shape) == [weight.shape[1], weight.shape[0]] and table.data_ptr() == weight.data_ptr()
+            and list(table.strides) == [1, int(weight.shape[1])] and table.dtype == weight.dtype)
 
 
 def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin: Any, metadata: Any,

@@ -29,6 +29,13 @@ run and the head's own hooks, against the reference's logits. Such a run
 may start at the token embedding (``DecoderEmbedding``): the backend's
 kernel when its plugin declares ``FD_DECODER_LAYERS_EMBEDDING`` too, else
 the rows taken first.
+
+``decoder_greedy_steps`` (multi-step decoding: such whole-model runs for
+several decode steps in one call, each row's greedy token fed to the next)
+against the same backend's runs one step at a time with numpy's argmax
+between: the same tokens exactly (what the op promises; the runs themselves
+are checked against the reference above). A backend without the op answers
+None and its engine steps one run at a time, which is then both sides.
 """
 
 from __future__ import annotations
@@ -320,3 +327,77 @@ def _check_layers(fd: Harness, step: Step, method: str, with_residual: bool, num
         return
     fd.assert_close("decoder_layers", case + " (hidden)", got[0], want[0], tol)
     fd.assert_close("decoder_layers", case + " (residual)", got[1], want[1], tol)
+
+
+STEPS_DECODES = [s for s in LAYER_STEPS if not s.prefills]
+GREEDY_STEPS = 5
+
+
+@pytest.mark.parametrize("moe_at", [(), (0,)], ids=["dense", "moe+dense"])
+@pytest.mark.parametrize("step", STEPS_DECODES, ids=[s.name for s in STEPS_DECODES])
+def test_decoder_greedy_steps(conformance: Harness, step: Step, moe_at: tuple[int, ...]) -> None:
+    """Several greedy decode steps of a whole-model run (embedding to head) in one call against the same
+    backend's runs one step at a time: the tokens [steps, T], every row crossing into a new block, the
+    vocabulary narrower than the head (its last columns never chosen)."""
+    fd = conformance
+    method = next(iter(fd.backend.capabilities().quantization_methods), "none")
+    rng = case_rng("decoder-greedy-steps", step.name, method, *moe_at)
+    longer = replace(step, decode_lens=tuple(n + GREEDY_STEPS - 1 for n in step.decode_lens))
+    num_blocks, tables = _block_tables(longer, rng)  # room for every step's slot
+    ctx_slots = _context(step, tables, rng)
+    with fd.on_host():
+        cos_sin = rope_cos_sin(step.head_dim, max(longer.seq_lens) + 8, 10000.0).numpy()
+    ctx_shape = (len(ctx_slots), step.kv_heads, step.head_dim)
+    data: dict[str, Any] = {
+        "weights": [_weights(rng, step) for _ in range(2)], "cos_sin": cos_sin, "ctx_slots": ctx_slots,
+        "ctx_k": [fd.rounded(rng.normal(0, 1, ctx_shape)) for _ in range(2)],
+        "ctx_v": [fd.rounded(rng.normal(0, 1, ctx_shape)) for _ in range(2)],
+        "moe": {i: _moe_weights(rng) for i in moe_at},
+        "head": {"norm": rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32),
+                 "weight": rng.normal(0, HIDDEN**-0.5, (HIDDEN, HEAD_VOCAB)).astype(np.float32)},
+        "table": fd.rounded(rng.normal(0, 1, (HEAD_VOCAB, HIDDEN))),
+        "ids": rng.integers(0, HEAD_VOCAB, len(step.decode_lens)).astype(np.int64),
+    }
+    vocab = HEAD_VOCAB - 5
+    got = _greedy_steps(fd, step, method, data, tables, num_blocks, vocab, together=True)
+    want = _greedy_steps(fd, step, method, data, tables, num_blocks, vocab, together=False)
+    case = (f"{step.name}: {method} layers=2{f' moe-layers={list(moe_at)}' if moe_at else ''} D={HIDDEN} "
+            f"seq_lens={step.seq_lens} block_size={step.block_size} steps={GREEDY_STEPS} vocab={vocab} of the "
+            f"head's {HEAD_VOCAB} dtype={fd.dtype}: tokens [steps, T] against one run a step")
+    fd.assert_equal("decoder_greedy_steps", case, got, want)
+
+
+def _greedy_steps(fd: Harness, step: Step, method: str, data: dict[str, Any], tables: list[list[int]],
+                  num_blocks: int, vocab: int, together: bool) -> np.ndarray:
+    layers, k_caches, v_caches = [], [], []
+    for weights, ctx_k, ctx_v in zip(data["weights"], data["ctx_k"], data["ctx_v"]):
+        k_cache, v_cache = fd.call("allocate_kv_cache", num_blocks=num_blocks, block_size=step.block_size,
+                                   num_kv_heads=step.kv_heads, head_dim=step.head_dim, dtype="float32",
+                                   location="device")
+        fd.call("write_kv_cache", k=fd.device(ctx_k), v=fd.device(ctx_v), k_cache=k_cache, v_cache=v_cache,
+                slot_mapping=fd.device(data["ctx_slots"]))
+        layers.append(_layer(fd, False, step, method, weights))
+        k_caches.append(k_cache)
+        v_caches.append(v_cache)
+    for i, block in data["moe"].items():
+        layers[i] = replace(layers[i], up_gate=None, down=None, moe=_moe_block(fd, False, method, block))
+    head, table, cos_sin = _head(fd, False, method, data["head"]), fd.device(data["table"]), fd.device(data["cos_sin"])
+    batch = len(step.decode_lens)
+
+    def meta(s: int) -> AttentionMetadata:
+        return AttentionMetadata.build([1] * batch, [n + s for n in step.seq_lens], tables, step.block_size, batch)
+
+    ids = fd.device(data["ids"])
+    if together:
+        tokens = fd.call_fused("decoder_greedy_steps", layers=layers, embedding=DecoderEmbedding(table, ids),
+                               cos_sin=cos_sin, metadata=meta(0), k_caches=k_caches, v_caches=v_caches, head=head,
+                               steps=GREEDY_STEPS, vocab_size=vocab)
+        if tokens is not None:
+            return np.asarray(tokens.numpy())
+    rows = []  # the steps one run at a time: what the engine does without the op
+    for s in range(GREEDY_STEPS):
+        logits = fd.call_run(layers=layers, hidden=DecoderEmbedding(table, ids), residual=None, cos_sin=cos_sin,
+                             metadata=meta(s), k_caches=k_caches, v_caches=v_caches, head=head)
+        rows.append(np.asarray(logits.numpy())[:, :vocab].argmax(axis=-1))
+        ids = fd.device(rows[-1].astype(np.int64))
+    return np.stack(rows)

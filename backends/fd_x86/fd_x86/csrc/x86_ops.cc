@@ -781,6 +781,28 @@ void embedding_rows(const paddle::Tensor& table, const int64_t* ids, int64_t T, 
   }
 }
 
+// The same rows from a table held transposed, [D, V] (a tied float LM head's weight, whose [V, D] view the model
+// embeds with): column ids[b] of each of the D rows.
+void embedding_columns(const paddle::Tensor& table_t, const int64_t* ids, int64_t T, float* out) {
+  const int64_t D = table_t.shape()[0], V = table_t.shape()[1];
+  for (int64_t b = 0; b < T; ++b) {
+    float* row = out + b * D;
+    if (table_t.dtype() == paddle::DataType::FLOAT32) {
+      const float* src = table_t.data<float>() + ids[b];
+      for (int64_t d = 0; d < D; ++d) row[d] = src[d * V];
+    } else if (table_t.dtype() == paddle::DataType::BFLOAT16) {
+      const uint16_t* src = reinterpret_cast<const uint16_t*>(table_t.data<paddle::bfloat16>()) + ids[b];
+      for (int64_t d = 0; d < D; ++d) {
+        const uint32_t bits = static_cast<uint32_t>(src[d * V]) << 16;
+        std::memcpy(row + d, &bits, sizeof(float));
+      }
+    } else {
+      const paddle::float16* src = table_t.data<paddle::float16>() + ids[b];
+      for (int64_t d = 0; d < D; ++d) row[d] = static_cast<float>(src[d * V]);
+    }
+  }
+}
+
 std::vector<paddle::Tensor> DecoderLayers(
     const paddle::Tensor& hidden, const paddle::Tensor& residual, const paddle::Tensor& cos_sin,
     const paddle::Tensor& step_ints, const paddle::Tensor& ids, const paddle::Tensor& embed_table,
@@ -1063,6 +1085,9 @@ PD_BUILD_OP(fd_x86_decoder_layers)
 //                       head; the run's attributes) -> plan [1] int64
 //   fd_x86_run_plan_step(hidden, residual, cos_sin, step_ints, ids, embed_table; plan and the step's
 //                        attributes) -> hidden, residual (or the logits)
+//   fd_x86_run_plan_steps(cos_sin, step_ints, ids, embed_table; plan, the step's attributes, steps, vocab,
+//                         transposed)
+//                        -> tokens [steps, T]: greedy multi-step decoding (RunPlanSteps)
 //   fd_x86_run_plan_free(any) with plan                  (forgets the plan; unknown ids are fine)
 //
 // A run's per-layer tensors and attributes held natively under an id, so that a
@@ -1153,6 +1178,105 @@ std::vector<paddle::Tensor> RunPlanStep(const paddle::Tensor& hidden, const padd
                        p.head_out, p.head_group, p.head_eps, embed);
 }
 
+// The first index of the row's largest value, a NaN counting as larger than any number (the first NaN wins):
+// numpy's argmax over float32, which the engine's greedy sampler takes (fd_core.sampling.Sampler).
+int64_t greedy_token(const float* row, int64_t n) {
+  bool nan = false;
+  float best = row[0];
+  for (int64_t i = 0; i < n; ++i) nan |= row[i] != row[i];
+  if (nan) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (row[i] != row[i]) return i;
+    }
+  }
+  for (int64_t i = 1; i < n; ++i) best = row[i] > best ? row[i] : best;
+  for (int64_t i = 0; i < n; ++i) {
+    if (row[i] == best) return i;
+  }
+  return 0;
+}
+
+// fd_x86_run_plan_steps: `steps` greedy decode steps of a plan that ends with the head, from the token
+// embedding (multi-step decoding, fd_core's --num-scheduler-steps). Step s runs fd_x86_run_plan_step on the
+// ids, takes each row's greedy token among the logits' first `vocab` columns, and feeds it to step s + 1 one
+// position later (its slot from the row's block table, its sequence one longer). -> tokens [steps, T] int64.
+// `transposed`: the table is given as [D, V] (a tied float head's weight): its columns are gathered here and
+// the run starts from those rows, as the model's own embedding of the [V, D] view gives them.
+std::vector<paddle::Tensor> RunPlanSteps(const paddle::Tensor& cos_sin, const paddle::Tensor& step_ints,
+                                         const paddle::Tensor& ids, const paddle::Tensor& embed_table,
+                                         int64_t plan_id, int64_t block_size, int threads, int int8_act_rows,
+                                         int64_t steps, int64_t vocab, bool transposed) {
+  const char* op = "fd_x86_run_plan_steps";
+  std::shared_ptr<const RunPlan> plan;
+  {
+    std::lock_guard<std::mutex> lock(g_plans_mutex);
+    const auto it = g_plans.find(plan_id);
+    PD_CHECK(it != g_plans.end(), op, ": no run plan ", plan_id, " (freed, or never made)");
+    plan = it->second;
+  }
+  const RunPlan& p = *plan;
+  PD_CHECK(p.head_method >= 0, op, ": the plan has no head (the steps sample from its logits)");
+  PD_CHECK(steps >= 1, op, ": steps must be >= 1, got ", steps);
+  PD_CHECK(vocab >= 1 && vocab <= p.head_out, op, ": vocab ", vocab, " must be in [1, ", p.head_out,
+           "] (the head's outputs)");
+  PD_CHECK(block_size >= 1, op, ": block_size must be >= 1, got ", block_size);
+  check_i64(op, "ids", ids);
+  check_i64(op, "step_ints", step_ints);
+  PD_CHECK(ids.shape().size() == 1 && ids.numel() >= 1, op, ": ids must be [T] with T >= 1");
+  const int64_t T = ids.numel(), n_ints = step_ints.numel();
+  PD_CHECK(n_ints >= 4 * T && n_ints % T == 0, op, ": step_ints has ", n_ints, " values, expected 3 T + T W for T = ",
+           T, " tokens (positions, slots, seq_lens, block tables [T, W])");
+  const int64_t W = n_ints / T - 3;
+  paddle::Tensor ints = paddle::empty({n_ints}, paddle::DataType::INT64, paddle::CPUPlace());
+  paddle::Tensor cur = paddle::empty({T}, paddle::DataType::INT64, paddle::CPUPlace());
+  std::copy_n(step_ints.data<int64_t>(), n_ints, ints.data<int64_t>());
+  std::copy_n(ids.data<int64_t>(), T, cur.data<int64_t>());
+  int64_t* positions = ints.data<int64_t>();
+  int64_t *slots = positions + T, *seq_lens = positions + 2 * T;
+  const int64_t* tables = positions + 3 * T;
+  // every step's slot must lie in the row's block table: checked before the first step writes any KV
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t last = positions[t] + steps - 1;
+    PD_CHECK(positions[t] >= 0 && last / block_size < W, op, ": row ", t, " at position ", positions[t], " needs ",
+             steps, " steps, past its block table of ", W, " blocks of ", block_size);
+  }
+  paddle::Tensor rows_in = cos_sin;  // the transposed table's rows, gathered each step
+  if (transposed) {
+    PD_CHECK(embed_table.is_cpu() && embed_table.is_contiguous() && embed_table.shape().size() == 2 &&
+                 (embed_table.dtype() == paddle::DataType::FLOAT32 || embed_table.dtype() == paddle::DataType::BFLOAT16 ||
+                  embed_table.dtype() == paddle::DataType::FLOAT16),
+             op, ": a transposed table must be a contiguous [D, V] fp32, bf16 or fp16 host tensor");
+    rows_in = paddle::empty({T, embed_table.shape()[0]}, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  }
+  const int64_t table_rows = embed_table.shape()[transposed ? 1 : 0];
+  paddle::Tensor tokens = paddle::empty({steps, T}, paddle::DataType::INT64, paddle::CPUPlace());
+  int64_t* out = tokens.data<int64_t>();
+  for (int64_t s = 0; s < steps; ++s) {
+    if (transposed) {
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t id = cur.data<int64_t>()[t];
+        PD_CHECK(id >= 0 && id < table_rows, op, ": token id ", id, " is outside the embedding's [0, ", table_rows,
+                 ")");
+      }
+      embedding_columns(embed_table, cur.data<int64_t>(), T, rows_in.data<float>());
+    }
+    const std::vector<paddle::Tensor> logits = DecoderLayers(
+        rows_in, rows_in, cos_sin, ints, cur, embed_table, p.norms, p.k_caches, p.v_caches, p.k_scales, p.v_scales,
+        p.weights, p.moe_tensors, p.final_norm, p.head, false, p.kinds, p.methods, p.out_features, p.group_sizes,
+        p.eps, p.num_heads, p.num_kv_heads, p.interleaved, block_size, p.scale, threads, p.moe_ints, p.moe_norm_min,
+        int8_act_rows, p.head_method, p.head_out, p.head_group, p.head_eps, !transposed);
+    const float* rows = logits[0].data<float>();
+    int64_t* next = cur.data<int64_t>();
+    for (int64_t t = 0; t < T; ++t) next[t] = out[s * T + t] = greedy_token(rows + t * p.head_out, vocab);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t pos = ++positions[t];
+      slots[t] = tables[t * W + pos / block_size] * block_size + pos % block_size;
+      ++seq_lens[t];
+    }
+  }
+  return {tokens};
+}
+
 std::vector<paddle::Tensor> RunPlanFree(const paddle::Tensor& any, int64_t plan_id) {
   std::shared_ptr<const RunPlan> plan;  // released after the lock
   {
@@ -1199,6 +1323,13 @@ PD_BUILD_OP(fd_x86_run_plan_step)
     .SetKernelFn(PD_KERNEL(RunPlanStep))
     .SetInferShapeFn(PD_INFER_SHAPE(RunPlanStepShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(RunPlanStepDtype));
+
+PD_BUILD_OP(fd_x86_run_plan_steps)
+    .Inputs({"CosSin", "StepInts", "Ids", "EmbedTable"})
+    .Outputs({"Tokens"})
+    .Attrs({"plan: int64_t", "block_size: int64_t", "threads: int", "int8_act_rows: int", "steps: int64_t",
+            "vocab: int64_t", "transposed: bool"})
+    .SetKernelFn(PD_KERNEL(RunPlanSteps));
 
 PD_BUILD_OP(fd_x86_run_plan_free)
     .Inputs({"Any"})

@@ -1,0 +1,177 @@
+"""Multi-step decoding on x86 (``fd_decoder_greedy_steps``: ``fd_x86_run_plan_steps``): several greedy decode
+steps of a whole-model run in one call, against the same run one step at a time with numpy's argmax between
+(the engine's greedy sampler): the same tokens and the same bits in every cache; then the engine, whose
+multi-step schedules take that call, against one step a schedule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+paddle = pytest.importorskip("paddle")
+
+from paged_tables import shuffled_tables  # noqa: E402
+from test_x86_layer import BLOCK, MAX_POS, _t, usable  # noqa: E402, F401 (usable: its module fixture)
+from test_x86_layer_head import VOCAB, _head  # noqa: E402
+from test_x86_layer_step import _ids, _layers, _table  # noqa: E402
+
+from fd_core.ops.attention import AttentionMetadata  # noqa: E402
+from fd_core.ops.decoder import DecoderEmbedding  # noqa: E402
+from fd_core.ops.rope import rope_cos_sin  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("fused_switches_unset")
+
+
+class Case:
+    """``batch`` decoding rows over random cached context, their block tables long enough for ``steps``."""
+
+    def __init__(self, batch: int, steps: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.seq_lens = [int(n) for n in rng.integers(1, 70, batch)]
+        num_blocks, self.tables = shuffled_tables(rng, [n + steps - 1 for n in self.seq_lens], BLOCK)
+        shape = (num_blocks * BLOCK, 2, 64)
+        self.k, self.v = rng.normal(0, 1, shape).astype(np.float32), rng.normal(0, 1, shape).astype(np.float32)
+        self.cos_sin = rope_cos_sin(64, MAX_POS, 10000.0)
+        self.batch = batch
+
+    def meta(self, step: int = 0) -> AttentionMetadata:
+        return AttentionMetadata.build([1] * self.batch, [n + step for n in self.seq_lens], self.tables, BLOCK,
+                                       self.batch)
+
+    def caches(self, layers: list[Any]) -> list[tuple[Any, Any]]:
+        return [(_t(self.k.copy()), _t(self.v.copy())) for _ in layers]
+
+
+def _one_at_a_time(x86_ops: Any, layers: list[Any], case: Case, table: Any, ids: Any, head: Any, steps: int,
+                   vocab: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    caches = case.caches(layers)
+    tokens = []
+    for s in range(steps):
+        logits = x86_ops.decoder_layers(layers, DecoderEmbedding(table, ids), None, case.cos_sin, case.meta(s),
+                                        [c[0] for c in caches], [c[1] for c in caches], head)
+        tokens.append(logits.numpy()[:, :vocab].argmax(axis=-1))
+        ids = paddle.to_tensor(tokens[-1], dtype="int64")
+    return np.stack(tokens), [t.numpy() for c in caches for t in c]
+
+
+def _together(x86_ops: Any, layers: list[Any], case: Case, table: Any, ids: Any, head: Any, steps: int,
+              vocab: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    caches = case.caches(layers)
+    tokens = x86_ops.decoder_greedy_steps(layers, DecoderEmbedding(table, ids), case.cos_sin, case.meta(),
+                                          [c[0] for c in caches], [c[1] for c in caches], head, steps, vocab)
+    assert tokens is not None, "the x86 plugin declined a run it takes one step at a time"
+    return tokens.numpy(), [t.numpy() for c in caches for t in c]
+
+
+@pytest.mark.parametrize("head_form", ["wint8", "bfloat16"])
+@pytest.mark.parametrize("batch,steps", [(1, 1), (1, 6), (4, 5), (9, 3)])
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_the_steps_in_one_call_equal_one_step_at_a_time(x86_ops: Any, batch: int, steps: int, moe: bool,
+                                                        head_form: str) -> None:
+    """Tokens [steps, T] and every cache bit for bit; the vocabulary narrower than the head (its padded
+    columns never chosen), rows crossing into new blocks of their tables."""
+    layers, head, case = _layers(moe), _head(head_form), Case(batch, steps, seed=31 + batch)
+    table, ids, vocab = _table("bfloat16"), _ids(batch, seed=batch), VOCAB - 9
+    got = _together(x86_ops, layers, case, table, ids, head, steps, vocab)
+    want = _one_at_a_time(x86_ops, layers, case, table, ids, head, steps, vocab)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[0].shape == (steps, batch) and got[0].max() < vocab
+    for a, b in zip(got[1], want[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # fp16 keeps both copies (tie_lm_head)
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_a_tied_float_heads_transposed_table_gives_the_same_steps(x86_ops: Any, moe: bool, dtype: str) -> None:
+    """The embedding a tied float head's [V, D] view of its [D, V] weight (the model's one copy): the op gathers
+    the weight's columns itself; the same tokens and caches as one step at a time."""
+    layers, case = _layers(moe), Case(3, 4, seed=50)
+    head = _head("float32")
+    head.weight = head.weight.astype(dtype)
+    table = head.weight.t()
+    assert not table.is_contiguous()
+    ids = _ids(3, seed=9)
+    got = _together(x86_ops, layers, case, table, ids, head, 4, VOCAB)
+    want = _one_at_a_time(x86_ops, layers, case, table, ids, head, 4, VOCAB)
+    np.testing.assert_array_equal(got[0], want[0])
+    for a, b in zip(got[1], want[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    other = _head("float32", seed=8).weight.astype(dtype).t()  # a view of another weight: declined
+    caches = case.caches(layers)
+    assert x86_ops.decoder_greedy_steps(layers, DecoderEmbedding(other, ids), case.cos_sin, case.meta(),
+                                        [c[0] for c in caches], [c[1] for c in caches], head, 4, VOCAB) is None
+
+
+def test_a_block_table_too_short_for_the_steps_is_refused_before_any_cache_write(x86_ops: Any) -> None:
+    layers, head, case = _layers(False), _head("wint8"), Case(2, 1, seed=40)
+    case.seq_lens = [len(t) * BLOCK for t in case.tables]  # every table full: no room for a second step
+    caches = case.caches(layers)
+    before = [t.numpy().copy() for c in caches for t in c]
+    with pytest.raises(Exception, match=r"row \d at position \d+ needs 2 steps, past its block table of 4 blocks"):
+        x86_ops.decoder_greedy_steps(layers, DecoderEmbedding(_table("float32"), _ids(2)), case.cos_sin,
+                                     case.meta(), [c[0] for c in caches], [c[1] for c in caches], head, 2, VOCAB)
+    for b, after in zip(before, (t for c in caches for t in c), strict=True):
+        np.testing.assert_array_equal(b, after.numpy())
+
+
+def test_runs_the_plugin_does_not_take_whole_are_declined(x86_ops: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the run plans or the fused embedding (A/B switches), or with a float64 head, the call answers
+    None (the engine then steps one forward at a time); the reference answers None always."""
+    from fd_core.backends import get_backend
+
+    layers, head, case = _layers(False), _head("wint8"), Case(2, 3, seed=41)
+    caches = case.caches(layers)
+    args = (layers, DecoderEmbedding(_table("float32"), _ids(2)), case.cos_sin, case.meta(),
+            [c[0] for c in caches], [c[1] for c in caches])
+    assert x86_ops.decoder_greedy_steps(*args, head, 3, VOCAB) is not None
+    assert get_backend("cpu").ops.decoder_greedy_steps(*args, head, 3, VOCAB) is None
+    for name in ("FD_X86_RUN_PLAN", "FD_X86_FUSED_EMBEDDING", "FD_X86_FUSED_HEAD"):
+        monkeypatch.setenv(name, "0")
+        assert x86_ops.decoder_greedy_steps(*args, head, 3, VOCAB) is None, name
+        monkeypatch.delenv(name)
+    float64 = _head("float32")
+    float64.weight = float64.weight.astype("float64")
+    assert x86_ops.decoder_greedy_steps(*args, float64, 3, VOCAB) is None
+    with pytest.raises(ValueError, match="steps and vocab_size must be >= 1, got 0 and"):
+        x86_ops.decoder_greedy_steps(*args, head, 0, VOCAB)
+
+
+# -- the engine -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from fd_core.testing.checkpoints import generate_checkpoint
+
+    root = tmp_path_factory.mktemp("greedy-steps")
+    return {shape: generate_checkpoint(root / shape, shape, naming="paddle", seed=2)
+            for shape in ("tiny-dense", "tiny-moe")}
+
+
+@pytest.mark.parametrize("shape,quantization", [
+    ("tiny-dense", "wint8"), ("tiny-dense", {"quantization": "w4a8", "lm_head_quant_type": "w4a8"}),
+    ("tiny-moe", "wint4"), ("tiny-moe", {"quantization": "wint8", "lm_head_quant_type": "wint8"})],
+    ids=["dense-wint8", "dense-w4a8-head", "moe-wint4", "moe-wint8-head"])
+def test_the_engine_takes_the_steps_in_one_call_and_gives_the_same_tokens(
+        checkpoints: dict[str, Any], monkeypatch: pytest.MonkeyPatch, shape: str, quantization: Any) -> None:
+    from fd_x86 import build
+
+    from fd_core import LLM, SamplingParams
+
+    rng = np.random.default_rng(3)
+    prompts = [{"prompt_token_ids": [int(t) for t in rng.integers(5, 500, int(n))]} for n in (3, 40, 17, 70, 9)]
+    params = [SamplingParams(max_tokens=int(m), temperature=0, ignore_eos=True) for m in (9, 1, 23, 14, 30)]
+
+    def run(steps: int) -> list[list[int]]:
+        llm = LLM(str(checkpoints[shape]), backend="x86", quantization=quantization, max_model_len=256,
+                  max_num_seqs=3, num_scheduler_steps=steps, num_gpu_blocks_override=40, block_size=16)
+        return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    want = run(1)
+    calls: list[int] = []
+    real = build.load_ops().fd_x86_run_plan_steps
+    monkeypatch.setattr(build.load_ops(), "fd_x86_run_plan_steps", lambda *a: calls.append(a[-3]) or real(*a))
+    assert run(6) == want
+    assert calls and max(calls) == 6 and min(calls) > 1, calls

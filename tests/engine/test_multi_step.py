@@ -1,0 +1,277 @@
+"""Multi-step decoding (``--num-scheduler-steps``): the scheduler's rules for
+when a schedule runs several decode steps and how their tokens come back
+(pure Python, a fake model), then the engine end to end on the CPU
+reference (the core runs the steps one forward at a time): the same tokens
+as one step a schedule, whatever the batch, stops, arrivals and preemption."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from fd_core import LLM, SamplingParams
+from fd_core.config import EngineArgs
+from fd_core.engine.config import CacheConfig, SchedulerConfig
+from fd_core.engine.request import Request
+from fd_core.engine.scheduler import Scheduler
+from fd_core.engine.scheduler_output import SchedulerOutput
+
+
+@dataclass
+class SP:
+    max_tokens: int | None = 32
+    min_tokens: int = 0
+    ignore_eos: bool = True
+    stop_token_ids: list[int] | None = None
+
+
+def _sched(steps: int = 4, num_blocks: int = 33, block_size: int = 4, max_model_len: int = 64,
+           max_num_seqs: int = 8, budget: int = 64) -> Scheduler:
+    return Scheduler(SchedulerConfig(max_num_seqs, budget, max_model_len, True, num_scheduler_steps=steps),
+                     CacheConfig(num_blocks, block_size))
+
+
+def _add(s: Scheduler, rid: str, prompt: int = 6, multi: bool = True, **sp) -> Request:
+    req = Request(rid, list(range(1, prompt + 1)), SP(**sp))
+    req.multi_step = multi
+    s.add_request(req)
+    return req
+
+
+def _prefill(s: Scheduler) -> SchedulerOutput:
+    """A step that prefills whoever waits (their first token 100)."""
+    out = s.schedule()
+    assert all(x.num_steps == 1 for x in out.scheduled)
+    s.update_from_output(out, {x.request_id: [100] for x in out.scheduled if x.samples})
+    return out
+
+
+def test_decoding_requests_run_the_steps_together_and_take_their_tokens():
+    s = _sched(steps=4)
+    a, b = _add(s, "a"), _add(s, "b", prompt=3)
+    _prefill(s)
+    out = s.schedule()
+    assert [x.num_steps for x in out.scheduled] == [4, 4] and out.num_decodes == 2
+    assert [x.token_ids for x in out.scheduled] == [[100], [100]]  # the last known token; the rest are sampled
+    assert out.total_num_scheduled_tokens == 8 and out.num_scheduled_tokens == {"a": 4, "b": 4}
+    for x, req in zip(out.scheduled, (a, b)):  # blocks for every step's slot: positions up to seq_len + 3
+        assert len(x.block_ids) * 4 >= x.seq_len + 3 and x.block_ids == s.kv_cache_manager.get_block_ids(req)
+    s.update_from_output(out, {"a": [1, 2, 3, 4], "b": [5, 6, 7, 8]})
+    assert a.output_token_ids == [100, 1, 2, 3, 4] and a.num_computed_tokens == 10 and a.num_tokens == 11
+    assert b.output_token_ids == [100, 5, 6, 7, 8] and b.num_computed_tokens == 7
+    with pytest.raises(ValueError, match="3 tokens for a schedule of 4 steps"):
+        s.update_from_output(s.schedule(), {"a": [1, 2, 3], "b": [1, 2, 3, 4]})
+
+
+def test_the_steps_stop_at_max_tokens_and_max_model_len():
+    s = _sched(steps=8, max_model_len=20)
+    _add(s, "a", max_tokens=4)
+    _prefill(s)
+    (x,) = s.schedule().scheduled
+    assert x.num_steps == 3  # 1 output so far, 4 at most
+    s.update_from_output(s.last_output, {"a": [1, 2, 3]})
+    assert s.get_request("a") is None  # finished: length
+
+    s = _sched(steps=8, max_model_len=12)
+    req = _add(s, "b", prompt=8, max_tokens=None)
+    _prefill(s)
+    (x,) = s.schedule().scheduled
+    assert x.num_steps == 3 and x.seq_len + x.num_steps - 1 <= 12 - 1  # 9 tokens, at most 12
+    s.update_from_output(s.last_output, {"b": [1, 2, 3]})
+    assert req.is_finished and req.finish_reason == "length" and req.num_tokens == 12
+
+
+def test_a_stop_among_the_steps_ends_the_request_there():
+    s = _sched(steps=4)
+    req = _add(s, "a", stop_token_ids=[7])
+    _prefill(s)
+    out = s.schedule()
+    (update,) = s.update_from_output(out, {"a": [5, 7, 9, 9]})
+    assert update.new_token_ids == [5, 7] and update.finished and req.stop_reason == 7
+    assert req.output_token_ids == [100, 5, 7]
+    assert s.kv_cache_manager.pool.num_free_blocks == 32  # every block back
+
+
+@pytest.mark.parametrize("case", ["not-multi", "prefilling", "drafts", "one-step-left", "steps-1"])
+def test_one_step_a_schedule_unless_every_running_request_may(case):
+    s = _sched(steps=1 if case == "steps-1" else 4, budget=8 if case == "prefilling" else 64)
+    _add(s, "a")
+    _add(s, "b", multi=case != "not-multi", max_tokens=2 if case == "one-step-left" else 32)
+    if case == "prefilling":
+        _add(s, "c", prompt=20)  # mid-prefill after the first step (budget 8)
+    _prefill(s)
+    if case == "drafts":
+        s.set_draft_token_ids("a", [3, 4])
+    out = s.schedule()
+    assert all(x.num_steps == 1 for x in out.scheduled)
+
+
+def test_a_waiting_request_is_admitted_before_more_steps_unless_no_seat_is_free():
+    s = _sched(steps=4, max_num_seqs=2)
+    _add(s, "a")
+    _prefill(s)
+    _add(s, "b", prompt=3)
+    out = s.schedule()  # a seat is free: b is admitted, a decodes one token
+    assert [(x.request_id, x.num_steps, x.num_tokens) for x in out.scheduled] == [("a", 1, 1), ("b", 1, 3)]
+    s.update_from_output(out, {"a": [1], "b": [100]})
+    _add(s, "c")  # no seat: a and b run their steps, c waits
+    out = s.schedule()
+    assert [(x.request_id, x.num_steps) for x in out.scheduled] == [("a", 4), ("b", 4)] and s.num_waiting == 1
+
+
+def test_too_few_free_blocks_make_one_step_and_preempt_nobody():
+    s = _sched(steps=8, num_blocks=6, block_size=4)  # 5 usable blocks
+    a, b = _add(s, "a", prompt=7, max_tokens=10), _add(s, "b", prompt=7, max_tokens=10)  # 2 blocks each
+    _prefill(s)
+    out = s.schedule()  # 8 steps would need 2 more blocks each; 1 is free
+    assert [x.num_steps for x in out.scheduled] == [1, 1] and not out.preempted_req_ids
+    s.update_from_output(out, {"a": [1], "b": [1]})
+    assert a.num_computed_tokens == b.num_computed_tokens == 8
+
+
+class FakeKV:
+    """The runner's KV memory: each slot holds a key of the token prefix it was computed for; a request of
+    ``num_steps`` steps writes its slots for the tokens the fake model samples, in order."""
+
+    def __init__(self, block_size: int) -> None:
+        self.bs = block_size
+        self.device: dict[int, list] = {}
+
+    def run(self, sched: Scheduler, out: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
+        for s in out.scheduled:
+            req = sched.get_request(s.request_id)
+            assert req is not None
+            assert s.token_ids == req.all_token_ids[s.num_computed_tokens: s.seq_len]
+            tokens = req.all_token_ids + sampled.get(s.request_id, [])[: s.num_steps - 1]
+            end = s.seq_len + s.num_steps - 1
+            assert len(s.block_ids) * self.bs >= end and end <= sched.config.max_model_len
+            keys, key = [], 0
+            for t in tokens[:end]:
+                key = hash((key, t))
+                keys.append(key)
+            for pos in range(s.num_computed_tokens):
+                assert self.device[s.block_ids[pos // self.bs]][pos % self.bs] == keys[pos], "stale KV"
+            for pos in range(s.num_computed_tokens, end):
+                self.device.setdefault(s.block_ids[pos // self.bs], [None] * self.bs)[pos % self.bs] = keys[pos]
+
+
+def _fake(request_id: str, index: int) -> int:
+    """The fake model's output ``index`` of a request: fixed by its id and the index."""
+    return (sum(map(ord, request_id)) * 31 + index * 17) % 900 + 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_arrivals_with_multi_steps_keep_the_kv_and_the_counts_right(seed):
+    rng = random.Random(2000 + seed)
+    sched = _sched(steps=rng.choice([2, 3, 8]), num_blocks=rng.randrange(14, 30), max_num_seqs=rng.randrange(1, 5),
+                   budget=rng.randrange(16, 64), max_model_len=48)
+    kv = FakeKV(4)
+    expected: dict[str, int] = {}
+    seen: Counter[int] = Counter()
+    for t in range(600):
+        if t < 400 and rng.random() < 0.1:
+            rid = f"q{t}"
+            prompt = [rng.randrange(1, 900) for _ in range(rng.randrange(1, 20))]
+            max_tokens = rng.randrange(1, 48 - len(prompt) + 1)
+            req = Request(rid, prompt, SP(max_tokens=max_tokens, stop_token_ids=[_fake(rid, 5)]
+                                          if rng.random() < 0.3 else None))
+            req.multi_step = rng.random() < 0.8
+            sched.add_request(req)
+            expected[rid] = max_tokens
+        out = sched.schedule()
+        steps = {x.num_steps for x in out.scheduled}
+        assert len(steps) <= 1 and (steps == {1} or out.num_decodes == len(out.scheduled))
+        seen.update(steps)
+        sampled = {}
+        for x in out.scheduled:
+            if x.samples:
+                req = sched.get_request(x.request_id)
+                sampled[x.request_id] = [_fake(x.request_id, req.num_output_tokens + i) for i in range(x.num_steps)]
+        kv.run(sched, out, sampled)
+        for u in sched.update_from_output(out, sampled):
+            r = u.request
+            assert r.num_output_tokens <= expected[r.request_id]
+            assert r.output_token_ids == [_fake(r.request_id, i) for i in range(r.num_output_tokens)]
+            if not u.finished:
+                assert r.num_computed_tokens == r.num_tokens - 1
+    assert not sched.has_unfinished_requests() or all(r.num_output_tokens for r in sched.running)
+    assert seen[1] and sum(n for k, n in seen.items() if k > 1) > 5
+
+
+def test_the_flag_is_checked():
+    with pytest.raises(ValueError, match="--num-scheduler-steps must be a positive integer, got 0"):
+        EngineArgs.from_kwargs("m", num_scheduler_steps=0)
+    with pytest.raises(ValueError, match="--num-scheduler-steps 4 with --speculative-config"):
+        EngineArgs.from_kwargs("m", num_scheduler_steps=4, speculative_config={"method": "ngram"})
+    with pytest.raises(ValueError, match="--num-scheduler-steps must be >= 1, got 0"):
+        SchedulerConfig(8, 64, 64, num_scheduler_steps=0)
+    from fd_core.entrypoints.cli import build_parser, engine_args_from
+
+    ns = build_parser().parse_args(["--model", "m", "--num-scheduler-steps", "8"])
+    assert engine_args_from(ns).num_scheduler_steps == 8
+
+
+# -- the engine on the CPU reference --------------------------------------------------------------------------
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(100, 2000, int(rng.integers(1, 60)))] for _ in range(n)]
+
+
+def _generate(model, prompts, params, **kw) -> tuple[list[list[int]], list[str | None]]:
+    args = dict(backend="cpu", max_model_len=256, max_num_seqs=8, num_gpu_blocks_override=96, block_size=16)
+    args.update(kw)
+    outs = LLM(str(model), **args).generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs], [o.outputs[0].finish_reason for o in outs]
+
+
+@pytest.fixture(scope="module")
+def dense(checkpoint_factory):
+    return checkpoint_factory("tiny-dense", "pytorch")
+
+
+def test_the_engine_gives_the_same_tokens_with_multi_steps(dense, monkeypatch):
+    prompts = _prompts(10)
+    params = [SamplingParams(max_tokens=int(m), temperature=0, ignore_eos=True) for m in (1, 2, 5, 9, 17, 30, 3, 12,
+                                                                                           20, 7)]
+    want, _ = _generate(dense, prompts, params)
+    # a stop token each request meets a few tokens in, from the one-step run
+    stops = [SamplingParams(max_tokens=30, temperature=0, stop_token_ids=[w[min(3, len(w) - 1)]]) for w in want]
+    want_stop, reasons = _generate(dense, prompts, stops)
+    schedules: list[int] = []
+    from fd_core.engine.scheduler import Scheduler as S
+
+    real = S.schedule
+    monkeypatch.setattr(S, "schedule", lambda self: (out := real(self), schedules.extend(
+        x.num_steps for x in out.scheduled))[0])
+    for steps in (2, 5):
+        assert _generate(dense, prompts, params, num_scheduler_steps=steps)[0] == want
+        assert _generate(dense, prompts, stops, num_scheduler_steps=steps) == (want_stop, reasons)
+        # a small pool (preemption), few seats (arrivals wait), chunked prefill: still the same tokens
+        assert _generate(dense, prompts, params, num_scheduler_steps=steps, num_gpu_blocks_override=12,
+                         max_num_seqs=3, max_num_batched_tokens=32)[0] == want
+    assert max(schedules) == 5 and schedules.count(1) < len(schedules)
+
+
+def test_requests_that_need_the_sampler_each_step_run_one_step_a_schedule(dense):
+    prompts = _prompts(4, seed=1)
+    params = [SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=12, temperature=0, repetition_penalty=1.3, ignore_eos=True),
+              SamplingParams(max_tokens=12, temperature=0, logprobs=2, ignore_eos=True),
+              SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)]
+    llm = LLM(str(dense), backend="cpu", max_model_len=256, num_scheduler_steps=4, num_gpu_blocks_override=64)
+    core = llm.engine.core
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        llm.engine.add_request(f"r{i}", {"prompt_token_ids": p}, sp)
+    assert [r.multi_step for r in core.scheduler.requests.values()] == [False, False, False, True]
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+        assert all(x.num_steps == 1 for x in core.scheduler.last_output.scheduled)  # a mixed batch: one step
+    want = _generate(dense, prompts, params)[0]
+    got = _generate(dense, prompts, params, num_scheduler_steps=4)[0]
+    assert got == want
