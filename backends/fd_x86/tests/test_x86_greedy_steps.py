@@ -104,6 +104,28 @@ def test_a_tied_float_heads_transposed_table_gives_the_same_steps(x86_ops: Any, 
                                         [c[0] for c in caches], [c[1] for c in caches], head, 4, VOCAB) is None
 
 
+@pytest.mark.parametrize("columns,nan", [((37, 50), False), ((5, 21), False), ((3, 195), False),
+                                         ((77, 120), True)], ids=["lanes", "one-lane", "tail", "nan"])
+def test_ties_go_to_the_first_column_and_a_nan_wins(x86_ops: Any, columns: tuple[int, int], nan: bool) -> None:
+    """Two head columns u and every other column -u: each row's logits tie at the two (h.u > 0) or at all the
+    others (h.u < 0), and the token is the first of the tied, as numpy's argmax (the sampler) takes it; the two
+    in different lanes of the kernel's 16, in one lane, and one in the tail past the last 16. NaN columns: the
+    first NaN."""
+    head, case = _head("float32"), Case(3, 2, seed=60)
+    w = head.weight.numpy()
+    u = w[:, 0].copy()
+    w[:] = -u[:, None]
+    for c in columns:
+        w[:, c] = np.float32("nan") if nan else u
+    head.weight = paddle.to_tensor(w)
+    ids, table = _ids(3, seed=4), _table("float32")
+    got = _together(x86_ops, _layers(False), case, table, ids, head, 2, VOCAB)
+    want = _one_at_a_time(x86_ops, _layers(False), case, table, ids, head, 2, VOCAB)
+    np.testing.assert_array_equal(got[0], want[0])
+    first_other = next(c for c in range(VOCAB) if c not in columns)
+    assert set(got[0].ravel()) <= ({columns[0]} if nan else {columns[0], first_other}), got[0]
+
+
 def test_a_block_table_too_short_for_the_steps_is_refused_before_any_cache_write(x86_ops: Any) -> None:
     layers, head, case = _layers(False), _head("wint8"), Case(2, 1, seed=40)
     case.seq_lens = [len(t) * BLOCK for t in case.tables]  # every table full: no room for a second step

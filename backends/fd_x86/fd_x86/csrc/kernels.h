@@ -99,6 +99,10 @@ void wint8_contract_bf16_avx512(const LinearArgs& a);
 void wint8_pairs_bf16_vbmi(const LinearArgs& a);
 void wint8_contract_bf16_vbmi(const LinearArgs& a);
 
+// The first index of the largest of x[0, n), a NaN counting as the largest (the first NaN): numpy's
+// argmax over float32, the engine's greedy token (x86_ops.cc's greedy_token; kernels_avx512.cc).
+int64_t greedy_token_avx512(const float* x, int64_t n);
+
 void wint8_avx2(const LinearArgs& a);
 void wint4_avx2(const LinearArgs& a);
 void w8a8_avx2(const LinearArgs& a);

@@ -476,4 +476,56 @@ void wint4_packed_avx512(const LinearArgs& a) {
 }
 void w8a8_packed_avx512_vnni(const LinearArgs& a) { drive_packed<W8A8Packed>(a); }
 
+
+// 16 lanes, each keeping its largest value and where it first saw it (a later equal value does not move it),
+// and whether it saw a NaN; then the lanes' best, ties to the lowest index. A NaN anywhere: the first one.
+int64_t greedy_token_avx512(const float* x, int64_t n) {
+  int64_t i = 0;
+  if (n >= 16) {
+    __m512 best = _mm512_loadu_ps(x);
+    __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i idx = at;
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    __mmask16 nan = _mm512_cmp_ps_mask(best, best, _CMP_UNORD_Q);
+    for (i = 16; i + 16 <= n; i += 16) {
+      const __m512 v = _mm512_loadu_ps(x + i);
+      idx = _mm512_add_epi32(idx, sixteen);
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      const __mmask16 more = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+      best = _mm512_mask_mov_ps(best, more, v);
+      at = _mm512_mask_mov_epi32(at, more, idx);
+    }
+    if (nan == 0) {
+      alignas(64) float lane_best[16];
+      alignas(64) int32_t lane_at[16];
+      _mm512_store_ps(lane_best, best);
+      _mm512_store_si512(lane_at, at);
+      float top = lane_best[0];
+      int64_t where = lane_at[0];
+      for (int l = 1; l < 16; ++l) {
+        if (lane_best[l] > top || (lane_best[l] == top && lane_at[l] < where)) {
+          top = lane_best[l];
+          where = lane_at[l];
+        }
+      }
+      for (int64_t j = i; j < n; ++j) {
+        if (x[j] != x[j]) return j;  // a NaN in the tail: after every lane's, none of which had one
+        if (x[j] > top) {
+          top = x[j];
+          where = j;
+        }
+      }
+      return where;
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {  // short rows, or a NaN: the scalar rule
+    if (x[j] != x[j]) return j;
+  }
+  int64_t where = 0;
+  for (int64_t j = 1; j < n; ++j) {
+    if (x[j] > x[where]) where = j;
+  }
+  return where;
+}
+
 }  // namespace fdx86
