@@ -1,0 +1,112 @@
+"""Multi-step decoding against one step a schedule, in one engine (``--num-scheduler-steps``).
+
+Loads the engines ``benchmarks/engine_overhead.py`` loads (the generated checkpoints under
+``checkpoints/llama-cpp``: the mid-size MoE, the 0.3B; x86 backend, prefix caching off) with the
+larger of the two step counts, then alternates blocks: the scheduler's ``num_scheduler_steps`` set
+to A or to B (``dataclasses.replace`` of its config; the requests may multi-step either way), B
+requests of ``--prompt-len`` random token ids prefilled, then ``--tokens`` greedy tokens each timed
+(decode tok/s = B x tokens / that time). The two settings alternate in adjacent pairs, in both
+orders; the figure is the median of the pairs' ratios (same process, same weights: placement does
+not enter), with its quartiles.
+
+    python benchmarks/multi_step.py                                   # mid-moe w4a8 + w4a8 head, B=1, 1 vs 8
+    python benchmarks/multi_step.py --shapes mid-moe 0.3b --quantization wint8 --steps 1 16
+    python benchmarks/multi_step.py --batch 8 --pairs 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from engine_overhead import checkpoint  # noqa: E402
+
+DEFAULT_QUANTIZATION = '{"quantization": "w4a8", "lm_head_quant_type": "w4a8"}'
+
+
+def block(llm: Any, steps: int, batch: int, prompt_len: int, tokens: int, seed: int) -> float:
+    """tok/s of ``tokens`` greedy tokens for ``batch`` fresh requests with ``steps`` steps a schedule."""
+    from fd_core import SamplingParams
+
+    engine = llm.engine
+    scheduler = engine.core.scheduler
+    scheduler.config = dataclasses.replace(scheduler.config, num_scheduler_steps=steps)
+    rng = np.random.default_rng(seed)
+    params = SamplingParams(max_tokens=tokens + 1, temperature=0, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"ms-{seed}-{steps}-{i}-{time.monotonic_ns()}",
+                           [int(t) for t in rng.integers(100, 2000, prompt_len)], params)
+    while scheduler.num_waiting or any(r.num_output_tokens == 0 for r in scheduler.running):
+        engine.step()  # the prefills, to every request's first token
+    begin = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return batch * tokens / (time.perf_counter() - begin)
+
+
+def compare(llm: Any, a: int, b: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Pairs of blocks, A and B adjacent, alternating which goes first; B's speed over A's per pair."""
+    for i in range(2):  # warm-up
+        block(llm, a, args.batch, args.prompt_len, args.tokens, i)
+        block(llm, b, args.batch, args.prompt_len, args.tokens, i)
+    rates_a, rates_b, ratios = [], [], []
+    for i in range(args.pairs):
+        order = (a, b) if i % 2 else (b, a)
+        got = {n: block(llm, n, args.batch, args.prompt_len, args.tokens, 100 + i) for n in order}
+        rates_a.append(got[a])
+        rates_b.append(got[b])
+        ratios.append(got[b] / got[a])
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"a": statistics.median(rates_a), "b": statistics.median(rates_b), "ratio": statistics.median(ratios),
+            "p25": quartiles[0], "p75": quartiles[2]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", choices=["mid-moe", "0.3b"], default=["mid-moe"])
+    parser.add_argument("--quantization", default=DEFAULT_QUANTIZATION,
+                        help="a method name or a JSON object (default: w4a8 with a w4a8 LM head)")
+    parser.add_argument("--steps", type=int, nargs=2, default=[1, 8], metavar=("A", "B"),
+                        help="the two --num-scheduler-steps compared (default 1 8)")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=64, help="greedy tokens timed per request and block")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--pairs", type=int, default=10)
+    parser.add_argument("--backend", default="x86")
+    args = parser.parse_args()
+    if min(args.steps) < 1 or args.batch < 1 or args.tokens < 1 or args.pairs < 1:
+        parser.error("--steps, --batch, --tokens and --pairs must be positive")
+    quantization = json.loads(args.quantization) if args.quantization.startswith("{") else args.quantization
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
+    print(f"CPU: {model}")
+    from fd_core import LLM
+
+    a, b = args.steps
+    for name in args.shapes:
+        llm = LLM(str(checkpoint(name)), backend=args.backend, quantization=quantization, dtype="auto",
+                  max_model_len=args.prompt_len + args.tokens + 2 * max(a, b) + 64, max_num_seqs=args.batch,
+                  num_scheduler_steps=max(a, b), enable_prefix_caching=False)
+        r = compare(llm, a, b, args)
+        print(f"{name} {args.quantization} B={args.batch}: {a} step(s) {r['a']:.1f} tok/s, {b} step(s) "
+              f"{r['b']:.1f} tok/s; {b} against {a}: {r['ratio']:.3f}x (quartiles {r['p25']:.3f}-{r['p75']:.3f}, "
+              f"{args.pairs} pairs of {args.tokens} tokens)", flush=True)
+        del llm
+    print(f"load average: {open('/proc/loadavg').read().split()[:3]}")
+
+
+if __name__ == "__main__":
+    main()
