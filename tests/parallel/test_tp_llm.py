@@ -11,7 +11,7 @@ import pytest
 from fd_core import LLM
 from fd_core.parallel.driver import TensorParallelError
 from fd_core.testing.process_tree import alive, descendants, wait_gone
-from tests.parallel.greedy_runs import PARAMS, greedy_run
+from tests.parallel.greedy_runs import PARAMS, PROMPTS, greedy_run
 
 _run = greedy_run
 
@@ -81,3 +81,29 @@ def test_a_size_that_does_not_divide_the_heads_fails_before_any_worker_starts(ch
     with pytest.raises(ValueError, match=r"--tensor-parallel-size 3 does not divide the model's num_attention_heads"):
         LLM(model=str(model), backend="cpu", tensor_parallel_size=3, max_model_len=256)
     assert set(descendants(os.getpid())) <= before
+
+
+def test_tp2_multi_step_decoding_gives_the_tokens_of_tp1(checkpoint_factory, monkeypatch):
+    """--num-scheduler-steps 3 at TP=2: the core runs each schedule's steps one forward at a time, every rank
+    taking part (ParallelRunner has no one-call path): the greedy tokens of TP=1 with one step a schedule."""
+    from fd_core import SamplingParams
+    from fd_core.engine.scheduler import Scheduler
+
+    model = checkpoint_factory("tiny-dense", "pytorch")
+    params = SamplingParams(max_tokens=10, temperature=0)
+    steps: list[int] = []
+    real = Scheduler.schedule
+    monkeypatch.setattr(Scheduler, "schedule",
+                        lambda self: (out := real(self), steps.extend(s.num_steps for s in out.scheduled))[0])
+
+    def tokens(tp: int, **kwargs) -> list[list[int]]:
+        llm = LLM(model=str(model), backend="cpu", tensor_parallel_size=tp, max_model_len=256, **kwargs)
+        try:
+            return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
+        finally:
+            if tp > 1:
+                llm.engine.core.runner.close()
+
+    want = tokens(1)
+    assert tokens(2, num_scheduler_steps=3) == want
+    assert 3 in steps
