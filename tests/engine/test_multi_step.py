@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -19,14 +18,7 @@ from fd_core.engine.config import CacheConfig, SchedulerConfig
 from fd_core.engine.request import Request
 from fd_core.engine.scheduler import Scheduler
 from fd_core.engine.scheduler_output import SchedulerOutput
-
-
-@dataclass
-class SP:
-    max_tokens: int | None = 32
-    min_tokens: int = 0
-    ignore_eos: bool = True
-    stop_token_ids: list[int] | None = None
+from tests.spec_decode.test_engine_scheduler import SP  # max_tokens 32, ignore_eos
 
 
 def _sched(steps: int = 4, num_blocks: int = 33, block_size: int = 4, max_model_len: int = 64,
