@@ -22,9 +22,9 @@ from tests.spec_decode.test_engine_scheduler import SP  # max_tokens 32, ignore_
 
 
 def _sched(steps: int = 4, num_blocks: int = 33, block_size: int = 4, max_model_len: int = 64,
-           max_num_seqs: int = 8, budget: int = 64) -> Scheduler:
+           max_num_seqs: int = 8, budget: int = 64, num_host_blocks: int = 0) -> Scheduler:
     return Scheduler(SchedulerConfig(max_num_seqs, budget, max_model_len, True, num_scheduler_steps=steps),
-                     CacheConfig(num_blocks, block_size))
+                     CacheConfig(num_blocks, block_size, num_host_blocks))
 
 
 def _add(s: Scheduler, rid: str, prompt: int = 6, multi: bool = True, **sp) -> Request:
@@ -132,8 +132,13 @@ class FakeKV:
     def __init__(self, block_size: int) -> None:
         self.bs = block_size
         self.device: dict[int, list] = {}
+        self.host: dict[int, list] = {}
 
     def run(self, sched: Scheduler, out: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
+        for dev, host in out.swap_out:  # all swap-outs, then all swap-ins, then the forward
+            self.host[host] = list(self.device[dev])
+        for host, dev in out.swap_in:
+            self.device[dev] = list(self.host[host])
         for s in out.scheduled:
             req = sched.get_request(s.request_id)
             assert req is not None
@@ -156,18 +161,25 @@ def _fake(request_id: str, index: int) -> int:
     return (sum(map(ord, request_id)) * 31 + index * 17) % 900 + 1
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(6))
 def test_random_arrivals_with_multi_steps_keep_the_kv_and_the_counts_right(seed):
+    """Arrivals, shared prefixes (prefix-cache hits), a host tier for evicted prefixes (swaps), preemption,
+    stop tokens and aborts, with schedules of several steps among them: every slot a step reads holds the
+    context it needs, every request's tokens are the fake model's in order, counts stay consistent."""
     rng = random.Random(2000 + seed)
     sched = _sched(steps=rng.choice([2, 3, 8]), num_blocks=rng.randrange(14, 30), max_num_seqs=rng.randrange(1, 5),
-                   budget=rng.randrange(16, 64), max_model_len=48)
+                   budget=rng.randrange(16, 64), max_model_len=48, num_host_blocks=rng.choice([0, 4, 10]))
     kv = FakeKV(4)
     expected: dict[str, int] = {}
     seen: Counter[int] = Counter()
+    prefixes = [[rng.randrange(1, 900) for _ in range(12)] for _ in range(2)]
     for t in range(600):
+        if sched.requests and rng.random() < 0.02:
+            sched.abort(rng.choice(sorted(sched.requests)))
         if t < 400 and rng.random() < 0.1:
             rid = f"q{t}"
-            prompt = [rng.randrange(1, 900) for _ in range(rng.randrange(1, 20))]
+            prompt = rng.choice(prefixes)[: rng.randrange(0, 13)] + [rng.randrange(1, 900)
+                                                                     for _ in range(rng.randrange(1, 20))]
             max_tokens = rng.randrange(1, 48 - len(prompt) + 1)
             req = Request(rid, prompt, SP(max_tokens=max_tokens, stop_token_ids=[_fake(rid, 5)]
                                           if rng.random() < 0.3 else None))
@@ -192,6 +204,8 @@ def test_random_arrivals_with_multi_steps_keep_the_kv_and_the_counts_right(seed)
                 assert r.num_computed_tokens == r.num_tokens - 1
     assert not sched.has_unfinished_requests() or all(r.num_output_tokens for r in sched.running)
     assert seen[1] and sum(n for k, n in seen.items() if k > 1) > 5
+    stats = sched.make_stats()
+    assert stats.prefix_cache_hits > 0
 
 
 def test_the_flag_is_checked():
