@@ -18,6 +18,7 @@ from fd_core.engine.config import CacheConfig, SchedulerConfig
 from fd_core.engine.request import Request
 from fd_core.engine.scheduler import Scheduler
 from fd_core.engine.scheduler_output import SchedulerOutput
+from tests.engine.test_scheduler import FakeKV
 from tests.spec_decode.test_engine_scheduler import SP  # max_tokens 32, ignore_eos
 
 
@@ -123,37 +124,6 @@ def test_too_few_free_blocks_make_one_step_and_preempt_nobody():
     assert [x.num_steps for x in out.scheduled] == [1, 1] and not out.preempted_req_ids
     s.update_from_output(out, {"a": [1], "b": [1]})
     assert a.num_computed_tokens == b.num_computed_tokens == 8
-
-
-class FakeKV:
-    """The runner's KV memory: each slot holds a key of the token prefix it was computed for; a request of
-    ``num_steps`` steps writes its slots for the tokens the fake model samples, in order."""
-
-    def __init__(self, block_size: int) -> None:
-        self.bs = block_size
-        self.device: dict[int, list] = {}
-        self.host: dict[int, list] = {}
-
-    def run(self, sched: Scheduler, out: SchedulerOutput, sampled: dict[str, list[int]]) -> None:
-        for dev, host in out.swap_out:  # all swap-outs, then all swap-ins, then the forward
-            self.host[host] = list(self.device[dev])
-        for host, dev in out.swap_in:
-            self.device[dev] = list(self.host[host])
-        for s in out.scheduled:
-            req = sched.get_request(s.request_id)
-            assert req is not None
-            assert s.token_ids == req.all_token_ids[s.num_computed_tokens: s.seq_len]
-            tokens = req.all_token_ids + sampled.get(s.request_id, [])[: s.num_steps - 1]
-            end = s.seq_len + s.num_steps - 1
-            assert len(s.block_ids) * self.bs >= end and end <= sched.config.max_model_len
-            keys, key = [], 0
-            for t in tokens[:end]:
-                key = hash((key, t))
-                keys.append(key)
-            for pos in range(s.num_computed_tokens):
-                assert self.device[s.block_ids[pos // self.bs]][pos % self.bs] == keys[pos], "stale KV"
-            for pos in range(s.num_computed_tokens, end):
-                self.device.setdefault(s.block_ids[pos // self.bs], [None] * self.bs)[pos % self.bs] = keys[pos]
 
 
 def _fake(request_id: str, index: int) -> int:

@@ -59,14 +59,16 @@ def fake_token(req: Request) -> int:
 
 class FakeKV:
     """The runner's KV memory: each slot holds a key of the token prefix it was
-    computed for. Checks every scheduled request reads the right context."""
+    computed for. Checks every scheduled request reads the right context. A
+    request of ``num_steps`` steps (multi-step decoding) also writes the slots
+    of the tokens the model samples before its last step (``sampled``)."""
 
     def __init__(self, block_size: int) -> None:
         self.bs = block_size
         self.device: dict[int, list] = {}  # block id -> slot keys
         self.host: dict[int, list] = {}
 
-    def run(self, sched: Scheduler, out: SchedulerOutput) -> None:
+    def run(self, sched: Scheduler, out: SchedulerOutput, sampled: dict[str, list[int]] | None = None) -> None:
         for dev, host in out.swap_out:  # all swap-outs, then all swap-ins, then the forward
             self.host[host] = list(self.device[dev])
         for host, dev in out.swap_in:
@@ -74,16 +76,18 @@ class FakeKV:
         for s in out.scheduled:
             req = sched.get_request(s.request_id)
             assert req is not None
-            tokens = req.all_token_ids
-            assert s.token_ids == tokens[s.num_computed_tokens : s.seq_len]
+            assert s.token_ids == req.all_token_ids[s.num_computed_tokens : s.seq_len]
+            tokens = req.all_token_ids + (sampled or {}).get(s.request_id, [])[: s.num_steps - 1]
+            end = s.seq_len + s.num_steps - 1  # the last slot a step writes, + 1
+            assert len(s.block_ids) * self.bs >= end and end <= sched.config.max_model_len
             keys, key = [], 0
-            for t in tokens[: s.seq_len]:
+            for t in tokens[:end]:
                 key = hash((key, t))
                 keys.append(key)
             for pos in range(s.num_computed_tokens):  # the context attention reads
                 block = self.device[s.block_ids[pos // self.bs]]
                 assert block[pos % self.bs] == keys[pos], f"{s.request_id}: stale KV at {pos}"
-            for pos in range(s.num_computed_tokens, s.seq_len):
+            for pos in range(s.num_computed_tokens, end):
                 block = self.device.setdefault(s.block_ids[pos // self.bs], [None] * self.bs)
                 block[pos % self.bs] = keys[pos]
 
