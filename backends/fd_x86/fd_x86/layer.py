@@ -506,24 +506,30 @@ def decoder_greedy_steps(layers: list[Any], embedding: Any, cos_sin: Any, metada
         if not _tied_view(table, head.weight):
             return None
         table, transposed = head.weight, True
-    if any(layer.moe is not None for layer in layers) and not (_moe_run_enabled() and layer_enabled()):
-        return None
-    if not isinstance(head.weight, QuantizedWeight) and str(head.weight.dtype) not in DENSE16:
+    if not _moe_switches_on(layers) or (
+            not isinstance(head.weight, QuantizedWeight) and str(head.weight.dtype) not in DENSE16):
         return None
     inputs = _run_inputs(layers, cos_sin, k_caches, v_caches, rows, head)
     if inputs is None:
         return None
-    moe_ints, head_ints = inputs[11], inputs[14]
+    int8_rows = int8_act_rows(rows) if inputs[11] else 0  # moe_ints: the MoE blocks' opt-in, as decoder_layers
+    return load_ops().fd_x86_run_plan_steps(
+        x86_ops._dense(cos_sin), step_ints(metadata), embedding.ids, table, _plan(inputs, layers[0], head).id,
+        int(metadata.block_size), num_threads(), int8_rows, int(steps), int(vocab_size), transposed)
+
+
+def _moe_switches_on(layers: list[Any]) -> bool:
+    """A run with MoE blocks only with the MoE switches on, read on each call (a cached run does not see them)."""
+    return not any(layer.moe is not None for layer in layers) or (_moe_run_enabled() and layer_enabled())
+
+
+def _plan(inputs: RunInputs, first: Any, head: Any | None) -> Plan:
+    """The run's native plan, made on its first use (orphaned plans freed first)."""
     if ORPHANS:
         free_orphans()
-    plan = inputs.plan
-    if plan is None:
-        plan = inputs.plan = Plan(inputs, layers[0], _head_args(head, head_ints))
-    int8_rows = int8_act_rows(rows) if moe_ints else 0  # the MoE blocks' opt-in, as decoder_layers
-    tokens = load_ops().fd_x86_run_plan_steps(
-        x86_ops._dense(cos_sin), step_ints(metadata), embedding.ids, table, plan.id,
-        int(metadata.block_size), num_threads(), int8_rows, int(steps), int(vocab_size), transposed)
-    return tokens
+    if inputs.plan is None:
+        inputs.plan = Plan(inputs, first, _head_args(head, inputs[14]))  # inputs[14]: the head's ints
+    return inputs.plan
 
 
 def _tied_view(table: Any, weight: Any) -> bool:
@@ -553,8 +559,7 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     attention_only = layers[-1].attention_only
     if attention_only and not _attention_only_enabled():
         return None
-    # the MoE switches are read here, on each call (a cached run does not see them)
-    if any(layer.moe is not None for layer in layers) and not (_moe_run_enabled() and layer_enabled()):
+    if not _moe_switches_on(layers):
         return None
     if (embedding is None and not x86_ops._host(hidden)) or (residual is not None and not x86_ops._host(residual)):
         return None
@@ -575,13 +580,9 @@ def decoder_layers(layers: list[Any], hidden: Any, residual: Any | None, cos_sin
     ints = step_ints(metadata)
     ids, table = (embedding.ids, embedding.table) if embedding is not None else (ints, cos_sin)  # unused without
     if plans_enabled():
-        if ORPHANS:
-            free_orphans()
-        plan = inputs.plan
-        if plan is None:
-            plan = inputs.plan = Plan(inputs, first, _head_args(head, head_ints))
         out, total = load_ops().fd_x86_run_plan_step(
-            hidden, hidden if residual is None else dense(residual), cos_sin, ints, ids, table, plan.id,
+            hidden, hidden if residual is None else dense(residual), cos_sin, ints, ids, table,
+            _plan(inputs, first, head).id,
             residual is not None, int(metadata.block_size), num_threads(), int8_rows, embedding is not None)
         return out if head is not None else (out, total)
     out, total = load_ops().fd_x86_decoder_layers(

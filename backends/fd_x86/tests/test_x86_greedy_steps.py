@@ -126,14 +126,26 @@ def test_ties_go_to_the_first_column_and_a_nan_wins(x86_ops: Any, columns: tuple
     assert set(got[0].ravel()) <= ({columns[0]} if nan else {columns[0], first_other}), got[0]
 
 
-def test_a_block_table_too_short_for_the_steps_is_refused_before_any_cache_write(x86_ops: Any) -> None:
-    layers, head, case = _layers(False), _head("wint8"), Case(2, 1, seed=40)
-    case.seq_lens = [len(t) * BLOCK for t in case.tables]  # every table full: no room for a second step
+@pytest.mark.parametrize("bad", ["table", "rotary", "slot"])
+def test_steps_past_the_block_table_rotary_table_or_cache_are_refused_before_any_cache_write(
+        x86_ops: Any, bad: str) -> None:
+    """A later step's position past the rows' block tables, the rotary table or the cache (a block id past
+    the pool) is refused by name before the first step writes anything."""
+    layers, head, case = _layers(False), _head("wint8"), Case(2, 20, seed=40)
+    steps, match = 20, r"row \d at position \d+ needs 20 steps, past its block table of \d+ blocks"
+    if bad == "table":
+        case.seq_lens = [len(t) * BLOCK for t in case.tables]  # every table full: no room for a second step
+    elif bad == "rotary":
+        case.cos_sin = rope_cos_sin(64, max(case.seq_lens) + 1, 10000.0)
+        match = r"needs 20 steps, past the rotary table's \d+ positions"
+    else:
+        case.tables[0][-1] = 10_000  # the block the last steps of row 0 write: outside the pool
+        match = r"row 0 at position \d+ maps to slot 160\d+, outside the cache's \d+ rows"
     caches = case.caches(layers)
     before = [t.numpy().copy() for c in caches for t in c]
-    with pytest.raises(Exception, match=r"row \d at position \d+ needs 2 steps, past its block table of 4 blocks"):
+    with pytest.raises(Exception, match=match):
         x86_ops.decoder_greedy_steps(layers, DecoderEmbedding(_table("float32"), _ids(2)), case.cos_sin,
-                                     case.meta(), [c[0] for c in caches], [c[1] for c in caches], head, 2, VOCAB)
+                                     case.meta(), [c[0] for c in caches], [c[1] for c in caches], head, steps, VOCAB)
     for b, after in zip(before, (t for c in caches for t in c), strict=True):
         np.testing.assert_array_equal(b, after.numpy())
 
