@@ -5,13 +5,14 @@ Loads the engines ``benchmarks/engine_overhead.py`` loads (the generated checkpo
 larger of the two step counts, then alternates blocks: the scheduler's ``num_scheduler_steps`` set
 to A or to B (``dataclasses.replace`` of its config; the requests may multi-step either way), B
 requests of ``--prompt-len`` random token ids prefilled, then ``--tokens`` greedy tokens each timed
-(decode tok/s = B x tokens / that time). The two settings alternate in adjacent pairs, in both
-orders; the figure is the median of the pairs' ratios (same process, same weights: placement does
-not enter), with its quartiles.
+(decode tok/s = B x tokens / that time), greedy, or sampled with ``--temperature`` / ``--top-p`` /
+``--top-k`` (seeded). The two settings alternate in adjacent pairs, in both orders; the figure is the
+median of the pairs' ratios (same process, same weights: placement does not enter), with its quartiles.
 
     python benchmarks/multi_step.py                                   # mid-moe w4a8 + w4a8 head, B=1, 1 vs 8
     python benchmarks/multi_step.py --shapes mid-moe 0.3b --quantization wint8 --steps 1 16
     python benchmarks/multi_step.py --batch 8 --pairs 6
+    python benchmarks/multi_step.py --temperature 0.8 --top-p 0.8    # ERNIE's default sampling
 """
 
 from __future__ import annotations
@@ -37,15 +38,18 @@ from engine_overhead import checkpoint  # noqa: E402
 DEFAULT_QUANTIZATION = '{"quantization": "w4a8", "lm_head_quant_type": "w4a8"}'
 
 
-def block(llm: Any, steps: int, batch: int, prompt_len: int, tokens: int, seed: int) -> float:
-    """tok/s of ``tokens`` greedy tokens for ``batch`` fresh requests with ``steps`` steps a schedule."""
+def block(llm: Any, steps: int, batch: int, prompt_len: int, tokens: int, seed: int,
+          sampling: dict[str, Any] | None = None) -> float:
+    """tok/s of ``tokens`` tokens for ``batch`` fresh requests with ``steps`` steps a schedule: greedy, or drawn
+    with ``sampling`` (SamplingParams fields: temperature, top_p, top_k; seeded)."""
     from fd_core import SamplingParams
 
     engine = llm.engine
     scheduler = engine.core.scheduler
     scheduler.config = dataclasses.replace(scheduler.config, num_scheduler_steps=steps)
     rng = np.random.default_rng(seed)
-    params = SamplingParams(max_tokens=tokens + 1, temperature=0, ignore_eos=True)
+    draw = dict(sampling, seed=seed) if sampling else {"temperature": 0}
+    params = SamplingParams(max_tokens=tokens + 1, ignore_eos=True, **draw)
     for i in range(batch):
         engine.add_request(f"ms-{seed}-{steps}-{i}-{time.monotonic_ns()}",
                            [int(t) for t in rng.integers(100, 2000, prompt_len)], params)
@@ -59,19 +63,28 @@ def block(llm: Any, steps: int, batch: int, prompt_len: int, tokens: int, seed: 
 
 def compare(llm: Any, a: int, b: int, args: argparse.Namespace) -> dict[str, Any]:
     """Pairs of blocks, A and B adjacent, alternating which goes first; B's speed over A's per pair."""
+    sampling = sampling_args(args)
     for i in range(2):  # warm-up
-        block(llm, a, args.batch, args.prompt_len, args.tokens, i)
-        block(llm, b, args.batch, args.prompt_len, args.tokens, i)
+        block(llm, a, args.batch, args.prompt_len, args.tokens, i, sampling)
+        block(llm, b, args.batch, args.prompt_len, args.tokens, i, sampling)
     rates_a, rates_b, ratios = [], [], []
     for i in range(args.pairs):
         order = (a, b) if i % 2 else (b, a)
-        got = {n: block(llm, n, args.batch, args.prompt_len, args.tokens, 100 + i) for n in order}
+        got = {n: block(llm, n, args.batch, args.prompt_len, args.tokens, 100 + i, sampling) for n in order}
         rates_a.append(got[a])
         rates_b.append(got[b])
         ratios.append(got[b] / got[a])
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     return {"a": statistics.median(rates_a), "b": statistics.median(rates_b), "ratio": statistics.median(ratios),
             "p25": quartiles[0], "p75": quartiles[2]}
+
+
+def sampling_args(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The timed requests' draw: None (greedy) unless ``--temperature`` is above 0."""
+    temperature = getattr(args, "temperature", 0.0)
+    if not temperature:
+        return None
+    return {"temperature": temperature, "top_p": getattr(args, "top_p", 1.0), "top_k": getattr(args, "top_k", 0)}
 
 
 def main() -> None:
@@ -82,10 +95,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, nargs=2, default=[1, 8], metavar=("A", "B"),
                         help="the two --num-scheduler-steps compared (default 1 8)")
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--tokens", type=int, default=64, help="greedy tokens timed per request and block")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens timed per request and block")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--backend", default="x86")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampled requests (default: greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
     args = parser.parse_args()
     if min(args.steps) < 1 or args.batch < 1 or args.tokens < 1 or args.pairs < 1:
         parser.error("--steps, --batch, --tokens and --pairs must be positive")
@@ -101,7 +117,8 @@ def main() -> None:
                   max_model_len=args.prompt_len + args.tokens + 2 * max(a, b) + 64, max_num_seqs=args.batch,
                   num_scheduler_steps=max(a, b), enable_prefix_caching=False)
         r = compare(llm, a, b, args)
-        print(f"{name} {args.quantization} B={args.batch}: {a} step(s) {r['a']:.1f} tok/s, {b} step(s) "
+        draw = "greedy" if not args.temperature else f"T={args.temperature} top_p={args.top_p} top_k={args.top_k}"
+        print(f"{name} {args.quantization} {draw} B={args.batch}: {a} step(s) {r['a']:.1f} tok/s, {b} step(s) "
               f"{r['b']:.1f} tok/s; {b} against {a}: {r['ratio']:.3f}x (quartiles {r['p25']:.3f}-{r['p75']:.3f}, "
               f"{args.pairs} pairs of {args.tokens} tokens)", flush=True)
         del llm

@@ -61,7 +61,7 @@ class Ops:
         self._fd_linear = resolve(hooks.fd_linear)
         self._fd_rope_and_write_kv_cache = resolve(hooks.fd_rope_and_write_kv_cache)
         self._fd_decoder_layers = resolve(hooks.fd_decoder_layers)
-        self._fd_decoder_greedy_steps = resolve(hooks.fd_decoder_greedy_steps)
+        self._fd_decoder_steps = resolve(hooks.fd_decoder_steps)
         self._fd_allocate_kv_cache = resolve(hooks.fd_allocate_kv_cache)
         self._fd_copy_kv_blocks = resolve(hooks.fd_copy_kv_blocks)
         self._fd_write_kv_cache = resolve(hooks.fd_write_kv_cache)
@@ -278,19 +278,19 @@ class Ops:
 
         return compose_decoder_layers(self, layers, hidden, residual, cos_sin, metadata, k_caches, v_caches)
 
-    def decoder_greedy_steps(
+    def decoder_steps(
         self, layers: list[Any], embedding: Any, cos_sin: Tensor, metadata: Any, k_caches: list[KVPool],
-        v_caches: list[KVPool], head: Any, steps: int, vocab_size: int,
+        v_caches: list[KVPool], head: Any, steps: int, vocab_size: int, sampling: Any = None,
     ) -> Tensor | None:
-        """``steps`` greedy decode steps of the whole model in one call: tokens ``[steps, T]`` int64 from
-        the backend that answers ``fd_decoder_greedy_steps`` (see the hookspec), or None (none does: the
-        caller runs the steps one by one)."""
+        """``steps`` decode steps of the whole model in one call: tokens ``[steps, T]`` int64 from the backend
+        that answers ``fd_decoder_steps`` (see the hookspec; ``sampling`` None: greedy rows, else a
+        ``DecoderSampling``), or None (none does: the caller runs the steps one by one)."""
         if steps < 1 or vocab_size < 1:
-            raise ValueError(f"decoder_greedy_steps: steps and vocab_size must be >= 1, got {steps} and "
+            raise ValueError(f"decoder_steps: steps and vocab_size must be >= 1, got {steps} and "
                              f"{vocab_size}")
-        return self._fd_decoder_greedy_steps(  # type: ignore[no-any-return]
+        return self._fd_decoder_steps(  # type: ignore[no-any-return]
             layers=layers, embedding=embedding, cos_sin=cos_sin, metadata=metadata, k_caches=k_caches,
-            v_caches=v_caches, head=head, steps=steps, vocab_size=vocab_size)
+            v_caches=v_caches, head=head, steps=steps, vocab_size=vocab_size, sampling=sampling)
 
     @staticmethod
     def _ask(

@@ -11,6 +11,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from fd_core._paddle import import_paddle
 from fd_core.backends import get_backend
 from fd_core.config import (
     EngineArgs,
@@ -30,6 +33,7 @@ from fd_core.engine.speculative import SpeculativeDecoder
 from fd_core.engine.speculative import step_input as speculative_step_input
 from fd_core.model_loader import resolve_model_path
 from fd_core.models.config import load_config
+from fd_core.ops.decoder import DecoderSampling
 from fd_core.parallel.driver import make_runner
 from fd_core.quantization.config import (
     check_backend_supports,
@@ -49,6 +53,7 @@ from fd_core.spec_decode.config import parse_speculative_config
 __all__ = ["EngineCore", "EngineCoreRequest", "StepStats"]
 
 logger = logging.getLogger(__name__)
+paddle = import_paddle()
 GIB = 1 << 30
 
 
@@ -234,32 +239,42 @@ class EngineCore:
 
     def _may_multi_step(self, state: SamplingState) -> bool:
         """Whether the request's decodes may run several steps in one schedule (--num-scheduler-steps):
-        a greedy request whose next token depends on nothing but the logits (no bias, bans, penalties,
-        min_tokens, logits processors, grammar, thinking budget, logprobs or early stop) and no stop
-        strings (matched on text outside the core: the tokens after one would be computed for nothing,
-        and handed out), with no speculative decoding (it drafts and verifies its own steps)."""
+        a request whose next token depends on nothing but the logits and its own draw (greedy, or sampled
+        with temperature / top-k / top-p / min-p; no bias, bans, penalties, min_tokens, logits processors,
+        grammar, thinking budget, logprobs or early stop) and no stop strings (matched on text outside the
+        core: the tokens after one would be computed for nothing, and handed out), with no speculative
+        decoding (it drafts and verifies its own steps)."""
         p = state.params
-        return (self.scheduler_config.num_scheduler_steps > 1 and p.greedy and self.spec is None
+        return (self.scheduler_config.num_scheduler_steps > 1 and self.spec is None
                 and not self.sampler.logits_processors and self.sampler.early_stop is None
                 and p.guided_decoding is None and p.logprobs is None and not p.has_penalties and not p.logit_bias
                 and not p.min_tokens and not p.stop and not state.bad_words_token_ids and state.reasoning is None)
 
     def _multi_step(self, step: StepInput, scheduled: list[Any]) -> dict[str, list[int]]:
         """Run a multi-step schedule: ``scheduled[0].num_steps`` decode steps from ``step``, each request's
-        greedy token fed to the next; request id -> its tokens, one a step. One backend call where the
-        model and a plugin run them together (``ModelRunner.execute_greedy_steps``), else a forward and
-        the sampler a step (the same tokens)."""
+        token fed to the next; request id -> its tokens, one a step. One backend call where the model and
+        a plugin run them together (``ModelRunner.execute_steps``), else a forward and the sampler a step
+        (the same tokens). A sampled request's uniforms for every step are drawn first, in its generator's
+        order: its tokens are those of one step a schedule (a request that stops early has drawn for steps
+        it never takes; it draws no more)."""
         num_steps = scheduled[0].num_steps
-        tokens = self.runner.execute_greedy_steps(step, num_steps)
+        states = [self._states[s.request_id] for s in scheduled]
+        sampling, uniforms = None, None
+        if not all(state.params.greedy for state in states):
+            uniforms = np.stack([self.sampler.draw_uniforms(states) for _ in range(num_steps)])
+            temperature, top_k, top_p, min_p = (paddle.to_tensor(x) for x in self.sampler.row_params(states))
+            sampling = DecoderSampling(temperature, top_k, top_p, min_p, paddle.to_tensor(uniforms),
+                                       self.sampler.method)
+        tokens = self.runner.execute_steps(step, num_steps, sampling)
         if tokens is None:
-            states = [self._states[s.request_id] for s in scheduled]
             tokens = []
             for i in range(num_steps):
                 if i:
                     step = StepInput(token_ids=[[t] for t in tokens[-1]], seq_lens=[n + 1 for n in step.seq_lens],
                                      block_tables=step.block_tables, num_decodes=step.num_decodes,
                                      needs_logits=step.needs_logits)
-                tokens.append(self.sampler.sample(self.runner.execute(step), states).sampled_token_ids)
+                tokens.append(self.sampler.sample(self.runner.execute(step), states,
+                                                  uniforms=None if uniforms is None else uniforms[i]).sampled_token_ids)
         return {s.request_id: [row[j] for row in tokens] for j, s in enumerate(scheduled)}
 
     def abort(self, request_ids: list[str], reason: RequestStatus = RequestStatus.FINISHED_ABORTED,
@@ -305,7 +320,7 @@ class EngineCore:
         grammar_ended: dict[str, str | None] = {}
         verified: list[tuple[Any, int]] = []  # (scheduled request with drafts, its first row)
         scheduled = out.scheduled
-        if scheduled and scheduled[0].num_steps > 1:  # multi-step: every request decodes, greedy
+        if scheduled and scheduled[0].num_steps > 1:  # multi-step: every request decodes
             step = StepInput(token_ids=[s.token_ids for s in scheduled], seq_lens=[s.seq_len for s in scheduled],
                              block_tables=[s.block_ids for s in scheduled], num_decodes=out.num_decodes,
                              needs_logits=[True] * len(scheduled))

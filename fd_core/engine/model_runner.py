@@ -207,18 +207,19 @@ class ModelRunner:
         with paddle.no_grad():
             return self.model.forward(flat, meta, self.kv_caches, logits_rows, **extra)
 
-    def execute_greedy_steps(self, step: StepInput, steps: int) -> list[list[int]] | None:
+    def execute_steps(self, step: StepInput, steps: int, sampling: Any = None) -> list[list[int]] | None:
         """Multi-step decoding in one backend call: ``steps`` decode steps from ``step`` (decode-only,
-        its block tables holding every step's slot), each request's greedy token fed to the next; the
-        tokens ``[steps][requests]``, or None where the model or no backend runs them together
-        (``Ernie4_5ForCausalLM.greedy_steps``; the engine core then runs them one by one)."""
-        greedy_steps = getattr(self.model, "greedy_steps", None)
-        if greedy_steps is None or getattr(self.model, "is_multimodal", False):
+        its block tables holding every step's slot), each request's token (greedy, or drawn as
+        ``sampling``, a ``DecoderSampling``, says) fed to the next; the tokens ``[steps][requests]``, or
+        None where the model or no backend runs them together (``Ernie4_5ForCausalLM.decode_steps``; the
+        engine core then runs them one by one)."""
+        decode_steps = getattr(self.model, "decode_steps", None)
+        if decode_steps is None or getattr(self.model, "is_multimodal", False):
             return None
         flat, meta, logits_rows = step_tensors(step, self.block_size, self.config.vocab_size, self.max_model_len,
                                                self._decode_buffers)
         if logits_rows is not None or meta.num_decodes != step.num_reqs:
             return None
         with paddle.no_grad():
-            tokens = greedy_steps(flat, meta, self.kv_caches, steps, self.config.vocab_size)
+            tokens = decode_steps(flat, meta, self.kv_caches, steps, self.config.vocab_size, sampling)
         return None if tokens is None else tokens.numpy().tolist()

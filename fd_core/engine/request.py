@@ -142,7 +142,7 @@ class Request:
         self.num_cached_tokens = 0  # prefix-cache hit at first admission (usage.cached_tokens)
         self.num_preemptions = 0
         # set by the engine core: its decode steps may run several forward steps in one schedule
-        # (--num-scheduler-steps; greedy sampling nothing else changes, see EngineCore)
+        # (--num-scheduler-steps; a request whose draw nothing but the logits changes, see EngineCore)
         self.multi_step = False
 
         self.arrival_time = time.time() if arrival_time is None else arrival_time

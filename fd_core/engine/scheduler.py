@@ -20,8 +20,8 @@ verified tokens, the prefix cache registers only blocks full of them, and
 blocks that held only rejected drafts go back to the pool.
 
 Multi-step decoding (``num_scheduler_steps`` > 1): when every running
-request is decoding, may (``Request.multi_step``: the engine core's greedy
-requests) and nobody waits who could be admitted, each gets the same
+request is decoding, may (``Request.multi_step``: the engine core's requests
+whose tokens need nothing but the logits and their own draw) and nobody waits who could be admitted, each gets the same
 ``num_steps`` forward steps in one schedule (cut to its ``max_tokens`` and
 ``max_model_len``, and to 1 when the free blocks cannot hold every step's
 slot); ``update_from_output`` then takes that many tokens, up to a stop.

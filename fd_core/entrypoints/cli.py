@@ -102,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-long-partial-prefills", type=int, default=1)
     a("--long-prefill-token-threshold", type=int, default=0)
     a("--num-scheduler-steps", type=int, default=1,
-      help="multi-step decoding: up to this many decode steps per schedule for greedy requests (vLLM's flag)")
+      help="multi-step decoding: up to this many decode steps per schedule (vLLM's flag; requests with "
+           "logprobs, penalties, bias, bad words, min_tokens, stop strings, grammars or a thinking budget take "
+           "one)")
     a("--use-cudagraph", type=_bool, nargs="?", const=True, default=False)
     a("--speculative-config", type=_json_or_str, default=None)
     a("--reasoning-parser", default=None, help="ernie_x1, ernie-45-vl, qwen3, ...")

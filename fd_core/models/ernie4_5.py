@@ -203,11 +203,13 @@ class Ernie4_5ForCausalLM:
             h = paddle.gather(h, logits_indices)
         return self.lm_head(h)
 
-    def greedy_steps(self, input_ids: Any, meta: Any, caches: list[KVCache], steps: int, vocab_size: int) -> Any:
-        """``steps`` greedy decode steps from ``input_ids [T]`` (a decode-only step) in one backend call:
-        tokens ``[steps, T]`` int64, or None where no plugin runs the whole model from the embedding to
-        the head (``Ops.decoder_greedy_steps``; the engine then runs the steps one by one). Each step's
-        logits are ``forward``'s: the same run, the same kernels, as many rows."""
+    def decode_steps(self, input_ids: Any, meta: Any, caches: list[KVCache], steps: int, vocab_size: int,
+                     sampling: Any = None) -> Any:
+        """``steps`` decode steps from ``input_ids [T]`` (a decode-only step) in one backend call, each row's
+        token greedy (``sampling`` None) or drawn as ``sampling`` (a ``DecoderSampling``) says: tokens
+        ``[steps, T]`` int64, or None where no plugin runs the whole model from the embedding to the head
+        (``Ops.decoder_steps``; the engine then runs the steps one by one). Each step's logits are
+        ``forward``'s: the same run, the same kernels, as many rows."""
         start, end = self._runs[-1]
         if len(self._runs) != 1 or start != 0 or self.keep_hidden or not self.ops.fuses_embeddings \
                 or type(self.lm_head) is not Linear or not self.layers[end - 1].fused \
@@ -216,9 +218,10 @@ class Ernie4_5ForCausalLM:
             return None
         run = range(start, end)
         head = DecoderHead(self.norm.fp32_weight(), self.norm.eps, self.lm_head.weight.data)
-        return self.ops.decoder_greedy_steps(
+        return self.ops.decoder_steps(
             [self.layers[i].weights() for i in run], DecoderEmbedding(self.embed_tokens.data, input_ids),
-            self.cos_sin, meta, [caches[i].k for i in run], [caches[i].v for i in run], head, steps, vocab_size)
+            self.cos_sin, meta, [caches[i].k for i in run], [caches[i].v for i in run], head, steps, vocab_size,
+            sampling)
 
     def _run(self, start: int, end: int, h: Any, residual: Any | None, meta: Any,
              caches: list[KVCache]) -> tuple[Any, Any]:

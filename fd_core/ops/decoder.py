@@ -150,6 +150,19 @@ class DecoderHead:
 
 
 @dataclass(eq=False)
+class DecoderSampling:
+    """How the rows of a multi-step run draw their tokens (``fd_decoder_steps``): per row, the arguments
+    ``fd_sample`` takes, and each step's uniforms. Host tensors."""
+
+    temperature: Any  # [T] fp32; 0: the row is greedy (the argmax)
+    top_k: Any  # [T] int64; 0: off
+    top_p: Any  # [T] fp32; 1: off
+    min_p: Any  # [T] fp32; 0: off
+    uniforms: Any  # [steps, T, R] fp32: step s draws row t's token with uniforms[s, t]
+    method: str  # "sort" or "rejection", as fd_sample's
+
+
+@dataclass(eq=False)
 class DecoderLayerWeights:
     """One pre-norm decoder layer's weights and shape: a dense layer, or
     with ``up_gate`` and ``down`` None its attention half only (see the

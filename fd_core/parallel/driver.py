@@ -322,7 +322,7 @@ class ParallelRunner:
     def execute(self, step: Any) -> Any:
         return self._call("execute", step)
 
-    def execute_greedy_steps(self, step: Any, steps: int) -> None:
+    def execute_steps(self, step: Any, steps: int, sampling: Any = None) -> None:
         """None: the engine core runs multi-step decoding one ``execute`` at a time, which every rank takes
         part in (rank 0's model alone must not run steps whose collectives the others never join)."""
         return None

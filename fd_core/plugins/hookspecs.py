@@ -294,7 +294,7 @@ def fd_decoder_layers(
 
 
 @hookspec(firstresult=True)
-def fd_decoder_greedy_steps(
+def fd_decoder_steps(
     layers: list[Any],
     embedding: Any,
     cos_sin: Tensor,
@@ -304,24 +304,30 @@ def fd_decoder_greedy_steps(
     head: Any,
     steps: int,
     vocab_size: int,
+    sampling: Any,
 ) -> Tensor | None:
-    """Optional: ``steps`` greedy decode steps of a whole model in one call
+    """Optional: ``steps`` decode steps of a whole model in one call
     (multi-step decoding, the engine's ``--num-scheduler-steps``).
 
     The arguments are those of an ``fd_decoder_layers`` run that starts at the
     token embedding (``embedding``, a ``fd_core.ops.decoder.DecoderEmbedding``
     holding the step's ids ``[T]``) and ends with the head, over a decode-only
     step (``metadata.num_decodes == T``). Must equal, for ``s`` in
-    ``range(steps)``: that run's logits ``[T, V]``; each row's greedy token,
-    the first index of the largest of its first ``vocab_size`` logits (a NaN
-    counting as the largest: numpy's ``argmax``, as the engine's sampler);
-    then the next step with those tokens as the ids, every row one position
-    later (its slot ``block_table[pos // block_size] * block_size + pos %
-    block_size``) and its sequence one token longer. Every step's slot lies
-    in the rows' block tables (the scheduler allocates them first). Returns
-    the tokens ``[steps, T]`` int64. The reference does not implement it:
-    when no backend answers (None), the engine runs the steps one by one.
-    Stops at the first non-None result.
+    ``range(steps)``: that run's logits ``[T, V]``; each row's token from its
+    first ``vocab_size`` logits: with ``sampling`` None the greedy token, the
+    first index of the largest (a NaN counting as the largest: numpy's
+    ``argmax``, as the engine's sampler); with a
+    ``fd_core.ops.decoder.DecoderSampling``, the very token this backend's
+    own ``fd_sample`` gives those logits with the row's ``temperature``,
+    ``top_k``, ``top_p``, ``min_p``, ``uniforms[s]`` and ``method`` (a
+    backend that leaves ``fd_sample`` to another plugin, or does not draw
+    ``method`` itself, returns None); then the next step with those tokens as
+    the ids, every row one position later (its slot ``block_table[pos //
+    block_size] * block_size + pos % block_size``) and its sequence one token
+    longer. Every step's slot lies in the rows' block tables (the scheduler
+    allocates them first). Returns the tokens ``[steps, T]`` int64. The
+    reference does not implement it: when no backend answers (None), the
+    engine runs the steps one by one. Stops at the first non-None result.
     """
 
 

@@ -204,12 +204,14 @@ class Sampler:
         self.early_stop = early_stop
 
     def sample(self, logits: Tensor, requests: Sequence[SamplingState],
-               token_bitmask: tuple[np.ndarray, list[int]] | None = None) -> SamplerOutput:
+               token_bitmask: tuple[np.ndarray, list[int]] | None = None,
+               uniforms: np.ndarray | None = None) -> SamplerOutput:
         """Sample one token per row of ``logits [N, V]``; ``requests[i]`` owns row i.
 
         Called by the model runner once per step with the logits of the
         requests that sample. Advances each non-greedy request's generator
-        by one draw; reads, never changes, their token lists.
+        by one draw (unless ``uniforms [N, NUM_UNIFORMS]``, drawn earlier by
+        ``draw_uniforms``, are given); reads, never changes, their token lists.
         ``token_bitmask``: ``(bitmask [M, W] int32, rows)`` from structured
         output: mask row k constrains logits row ``rows[k]``.
         """
@@ -233,7 +235,7 @@ class Sampler:
             if logits is raw and any(s.params.logprobs is not None for s in requests):
                 logits = logits.clone()  # the op may write in place: logprobs read the raw logits
             logits = self.ops.apply_token_bitmask(logits, token_bitmask[0], list(token_bitmask[1]))
-        drawn = self._draw(logits, requests)
+        drawn = self._draw(logits, requests, uniforms)
         tokens = (drawn if isinstance(drawn, np.ndarray) else drawn.numpy()).tolist()
         for i, state in enumerate(requests):
             if state.reasoning is not None:
@@ -243,26 +245,41 @@ class Sampler:
                    else _early_stop(self.early_stop, logits, requests, tokens))
         return SamplerOutput(tokens, self._logprobs(raw, requests, tokens), stopped)
 
-    def _draw(self, logits: Tensor, requests: Sequence[SamplingState]) -> Any:
-        greedy = [s.params.greedy for s in requests]
-        if all(greedy):
-            if on_host(logits):  # numpy's argmax is ~8x paddle's CPU kernel ([32, 103424]: 0.3 vs 2.7 ms)
-                return as_array(logits).argmax(axis=-1)
-            return paddle.argmax(logits, axis=-1)
+    def row_params(self, requests: Sequence[SamplingState]) -> tuple[np.ndarray, ...]:
+        """The sample op's per-row arguments ``(temperature [N] fp32, top_k [N] int64, top_p [N] fp32,
+        min_p [N] fp32)``; greedy rows have temperature 0."""
         n = len(requests)
         temperature = np.zeros(n, np.float32)
         top_k = np.zeros(n, np.int64)
         top_p = np.ones(n, np.float32)
         min_p = np.zeros(n, np.float32)
-        uniforms = np.zeros((n, NUM_UNIFORMS), np.float32)
         for i, state in enumerate(requests):
-            if greedy[i]:
-                continue  # temperature 0: the op takes the argmax
             p = state.params
+            if p.greedy:
+                continue  # temperature 0: the op takes the argmax
             # a top_k at or past the vocabulary keeps everything (and must not overflow int64)
             k = p.top_k if p.top_k < self.vocab_size else 0
             temperature[i], top_k[i], top_p[i], min_p[i] = p.temperature, k, p.top_p, p.min_p
-            uniforms[i] = state.draw_uniforms()
+        return temperature, top_k, top_p, min_p
+
+    @staticmethod
+    def draw_uniforms(requests: Sequence[SamplingState]) -> np.ndarray:
+        """``[N, NUM_UNIFORMS]`` fp32: one token's uniforms for each non-greedy row (advancing its
+        generator by one draw), zeros for greedy rows."""
+        uniforms = np.zeros((len(requests), NUM_UNIFORMS), np.float32)
+        for i, state in enumerate(requests):
+            if not state.params.greedy:
+                uniforms[i] = state.draw_uniforms()
+        return uniforms
+
+    def _draw(self, logits: Tensor, requests: Sequence[SamplingState], uniforms: np.ndarray | None) -> Any:
+        if all(s.params.greedy for s in requests):
+            if on_host(logits):  # numpy's argmax is ~8x paddle's CPU kernel ([32, 103424]: 0.3 vs 2.7 ms)
+                return as_array(logits).argmax(axis=-1)
+            return paddle.argmax(logits, axis=-1)
+        temperature, top_k, top_p, min_p = self.row_params(requests)
+        if uniforms is None:
+            uniforms = self.draw_uniforms(requests)
         return self.ops.sample(
             logits, paddle.to_tensor(temperature), paddle.to_tensor(top_k),
             paddle.to_tensor(top_p), paddle.to_tensor(min_p), paddle.to_tensor(uniforms),

@@ -41,3 +41,28 @@ def test_measure_decode_counts_the_tokens_of_multi_step_schedules(checkpoint_fac
     monkeypatch.setattr(fdc, "timed_steps", timed_steps)
     fdc.measure_decode(row, [2], 8, 4)
     assert row.decode[2] == [2 * 4 * 3 / 4]  # 2 requests x 4 steps x 3 tokens a step, over 4 seconds
+
+
+def test_sampled_blocks_draw_with_the_given_settings(checkpoint_factory, monkeypatch):
+    """--temperature / --top-p / --top-k: the timed requests are seeded sampled ones, and they multi-step."""
+    from fd_core import LLM
+    from fd_core.engine.core import EngineCore
+
+    llm = LLM(str(checkpoint_factory("tiny-dense", "pytorch")), backend="cpu", max_model_len=128,
+              num_scheduler_steps=4, enable_prefix_caching=False)
+    args = argparse.Namespace(temperature=0.8, top_p=0.8, top_k=5)
+    sampling = script.sampling_args(args)
+    assert sampling == {"temperature": 0.8, "top_p": 0.8, "top_k": 5}
+    assert script.sampling_args(argparse.Namespace(temperature=0.0, top_p=1.0, top_k=0)) is None
+    seen = []
+    real = EngineCore.add_request
+    monkeypatch.setattr(EngineCore, "add_request", lambda self, req: (seen.append(req.sampling_params), real(self, req)))
+    assert script.block(llm, 4, 1, 8, 9, 3, sampling) > 0
+    assert [(p.temperature, p.top_p, p.top_k, p.seed) for p in seen] == [(0.8, 0.8, 5, 3)]
+
+
+def test_the_sampling_benchmark_times_both_draws():
+    bench = _load("sampling")
+    result = bench.time_op(3000, 3.0, bench.SETTINGS[0], repeats=3)
+    assert set(result) == {"native_ms", "reference_ms", "ratio", "same", "draws"}
+    assert result["draws"] == 3 and result["same"] == 3 and result["native_ms"] > 0

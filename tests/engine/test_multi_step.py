@@ -234,17 +234,44 @@ def test_the_engine_gives_the_same_tokens_with_multi_steps(dense, monkeypatch):
     assert max(schedules) == 5 and schedules.count(1) < len(schedules)
 
 
+def test_seeded_sampled_requests_draw_the_same_tokens_with_multi_steps(dense, monkeypatch):
+    """Temperature, top-k, top-p and min-p requests multi-step too: each draws its uniforms for every step
+    of a schedule up front, in its generator's order, so a seed gives the tokens of one step a schedule
+    (with stops, few seats and preemption); greedy rows beside them keep the argmax."""
+    prompts = _prompts(6, seed=2)
+    params = [SamplingParams(max_tokens=17, temperature=0.8, top_p=0.8, seed=3, ignore_eos=True),
+              SamplingParams(max_tokens=9, temperature=1.0, top_k=5, seed=4, ignore_eos=True),
+              SamplingParams(max_tokens=23, temperature=1.3, min_p=0.05, seed=5, ignore_eos=True),
+              SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=30, temperature=0.7, top_k=50, top_p=0.9, seed=6),
+              SamplingParams(max_tokens=14, temperature=1.0, seed=7, ignore_eos=True)]
+    want = _generate(dense, prompts, params)
+    assert len({tuple(w) for w in want[0]}) == len(prompts)
+    schedules: list[int] = []
+    from fd_core.engine.scheduler import Scheduler as S
+
+    real = S.schedule
+    monkeypatch.setattr(S, "schedule", lambda self: (out := real(self), schedules.extend(
+        x.num_steps for x in out.scheduled))[0])
+    for steps in (3, 8):
+        assert _generate(dense, prompts, params, num_scheduler_steps=steps) == want
+        assert _generate(dense, prompts, params, num_scheduler_steps=steps, num_gpu_blocks_override=12,
+                         max_num_seqs=3, max_num_batched_tokens=32) == want
+    assert max(schedules) == 8
+
+
 def test_requests_that_need_the_sampler_each_step_run_one_step_a_schedule(dense):
-    prompts = _prompts(4, seed=1)
-    params = [SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True),
+    prompts = _prompts(5, seed=1)
+    params = [SamplingParams(max_tokens=12, temperature=0.8, seed=3, logit_bias={5: 2.0}, ignore_eos=True),
               SamplingParams(max_tokens=12, temperature=0, repetition_penalty=1.3, ignore_eos=True),
               SamplingParams(max_tokens=12, temperature=0, logprobs=2, ignore_eos=True),
-              SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)]
+              SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True)]
     llm = LLM(str(dense), backend="cpu", max_model_len=256, num_scheduler_steps=4, num_gpu_blocks_override=64)
     core = llm.engine.core
     for i, (p, sp) in enumerate(zip(prompts, params)):
         llm.engine.add_request(f"r{i}", {"prompt_token_ids": p}, sp)
-    assert [r.multi_step for r in core.scheduler.requests.values()] == [False, False, False, True]
+    assert [r.multi_step for r in core.scheduler.requests.values()] == [False, False, False, True, True]
     while llm.engine.has_unfinished_requests():
         llm.engine.step()
         assert all(x.num_steps == 1 for x in core.scheduler.last_output.scheduled)  # a mixed batch: one step

@@ -266,13 +266,13 @@ def fd_decoder_layers(layers: Sequence[Any], hidden: Tensor, residual: Tensor | 
 
 
 @hookimpl
-def fd_decoder_greedy_steps(layers: Sequence[Any], embedding: Any, cos_sin: Tensor, metadata: Any,
-                            k_caches: Sequence[KVPool], v_caches: Sequence[KVPool], head: Any, steps: int,
-                            vocab_size: int) -> Tensor | None:
-    from fd_x86.layer import decoder_greedy_steps
+def fd_decoder_steps(layers: Sequence[Any], embedding: Any, cos_sin: Tensor, metadata: Any,
+                     k_caches: Sequence[KVPool], v_caches: Sequence[KVPool], head: Any, steps: int,
+                     vocab_size: int, sampling: Any) -> Tensor | None:
+    from fd_x86.layer import decoder_steps
 
-    return _native(decoder_greedy_steps, layers, embedding, cos_sin, metadata, k_caches, v_caches, head, steps,
-                   vocab_size)
+    return _native(decoder_steps, layers, embedding, cos_sin, metadata, k_caches, v_caches, head, steps,
+                   vocab_size, sampling)
 
 
 @hookimpl
@@ -326,6 +326,16 @@ def fd_apply_token_bitmask(logits: Tensor, bitmask: Any, rows: list[int]) -> Ten
     from fd_x86.bitmask import apply_token_bitmask
 
     return _native(apply_token_bitmask, logits, bitmask, rows)
+
+
+@hookimpl
+def fd_sample(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, uniforms: Tensor,
+              method: str) -> Tensor | None:
+    """The "sort" draw natively (``fd_x86.sampling``): the reference's distribution, sorting only what the
+    draw looks at."""
+    from fd_x86.sampling import sample
+
+    return _native(sample, logits, temperature, top_k, top_p, min_p, uniforms, method)
 
 
 @hookimpl

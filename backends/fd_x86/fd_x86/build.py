@@ -38,10 +38,10 @@ SOURCES = ("x86_linear_op.cc", "kernels_avx512.cc", "kernels_avx2.cc", "x86_ops.
            "x86_bitmask_op.cc", "x86_fp8_op.cc", "kernels_fp8_avx512.cc", "kernels_fp8_bf16.cc",
            "x86_vision_op.cc", "kernels_vision_avx512.cc",
            "x86_offline_op.cc", "kernels_offline_avx512.cc", "kernels_w4a8_avx512.cc",
-           "kernels_int4_bf16.cc", "kernels_int8_bf16.cc", "kernels_int8_bf16_vbmi.cc")
+           "kernels_int4_bf16.cc", "kernels_int8_bf16.cc", "kernels_int8_bf16_vbmi.cc", "x86_sample_op.cc")
 HEADERS = ("kernels.h", "tiling.h", "amx_tiles.h", "ops_kernels.h", "packed_linear.h", "moe_kernels.h", "cpu_features.h",
            "moe_op.h", "prefill_kernels.h", "fp8_kernels.h", "vision_kernels.h", "simd_exp.h",
-           "offline_kernels.h", "offline_op.h", "packed_drive.h", "dense16_common.h")
+           "offline_kernels.h", "offline_op.h", "packed_drive.h", "dense16_common.h", "sample_kernels.h")
 # No -march=native: each kernel TU targets its ISA with #pragma GCC target
 # and the op dispatches at run time, so the cached .so runs on any x86-64.
 CXXFLAGS = ["-O3", "-std=c++17", "-fopenmp", "-Wall", "-Wno-unused-function"]

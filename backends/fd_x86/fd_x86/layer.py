@@ -68,7 +68,7 @@ A cached run's inputs are held natively (a plan), a step's positions,
 slots, lengths and block tables arrive as one tensor, and the embedding's
 checks live in ``fd_x86.run_step``.
 
-``decoder_greedy_steps`` (``fd_decoder_greedy_steps``: multi-step decoding,
+``decoder_steps`` (``fd_decoder_steps``: multi-step decoding,
 ``--num-scheduler-steps``) runs such a whole-model run, from the embedding to
 the head, several decode steps in one call (``fd_x86_run_plan_steps``): each
 step's greedy tokens are taken natively and fed to the next, so the engine's
@@ -123,8 +123,9 @@ from fd_x86.run_step import (
     plans_enabled,
     step_ints,
 )
+from fd_x86.sampling import enabled as sampling_enabled
 
-__all__ = ["decoder_greedy_steps", "decoder_layers"]
+__all__ = ["decoder_steps", "decoder_layers"]
 
 WINT8_CONTRACT = 3  # the op's kernel code for wint8 on the contract layout [out, in]
 BLOCK_FP8 = 8  # its code for block_wise_fp8 codes [out, in] (packed_linear.h's kBlockFp8Method)
@@ -492,14 +493,16 @@ def _run_inputs(layers: list[Any], cos_sin: Any, k_caches: list[Any], v_caches: 
     return answer
 
 
-def decoder_greedy_steps(layers: list[Any], embedding: Any, cos_sin: Any, metadata: Any, k_caches: list[Any],
-                         v_caches: list[Any], head: Any, steps: int, vocab_size: int) -> Any:
-    """Tokens ``[steps, T]`` int64 (``fd_decoder_greedy_steps``), or None where ``decoder_layers`` would not
-    take the run from the embedding to the head in one plan (see the module doc)."""
+def decoder_steps(layers: list[Any], embedding: Any, cos_sin: Any, metadata: Any, k_caches: list[Any],
+                  v_caches: list[Any], head: Any, steps: int, vocab_size: int, sampling: Any = None) -> Any:
+    """Tokens ``[steps, T]`` int64 (``fd_decoder_steps``), or None where ``decoder_layers`` would not
+    take the run from the embedding to the head in one plan (see the module doc), or where ``sampling``
+    asks for a draw this backend's ``fd_sample`` leaves to the reference (``fd_x86.sampling.enabled``)."""
     rows = int(embedding.ids.shape[0]) if hasattr(embedding, "ids") else 0
     if head is None or rows == 0 or not layers or metadata.num_decodes != rows or not _enabled() \
             or not plans_enabled() or not embedding_enabled() or len(embedding.ids.shape) != 1 \
-            or str(embedding.ids.dtype) != "paddle.int64" or layers[-1].attention_only or not _head_enabled():
+            or str(embedding.ids.dtype) != "paddle.int64" or layers[-1].attention_only or not _head_enabled() \
+            or (sampling is not None and not sampling_enabled(sampling.method)):
         return None
     table, transposed = embedding.table, False
     if not embedding_fits(embedding):  # a tied float head's [V, D] view of its weight: the op gathers its columns
@@ -513,9 +516,27 @@ def decoder_greedy_steps(layers: list[Any], embedding: Any, cos_sin: Any, metada
     if inputs is None:
         return None
     int8_rows = int8_act_rows(rows) if inputs[11] else 0  # moe_ints: the MoE blocks' opt-in, as decoder_layers
+    draw = _sampling_inputs(sampling, rows, int(steps))
     return load_ops().fd_x86_run_plan_steps(
-        x86_ops._dense(cos_sin), step_ints(metadata), embedding.ids, table, _plan(inputs, layers[0], head).id,
-        int(metadata.block_size), num_threads(), int8_rows, int(steps), int(vocab_size), transposed)
+        x86_ops._dense(cos_sin), step_ints(metadata), embedding.ids, table, *draw,
+        _plan(inputs, layers[0], head).id, int(metadata.block_size), num_threads(), int8_rows, int(steps),
+        int(vocab_size), transposed, sampling is not None)
+
+
+def _sampling_inputs(sampling: Any, rows: int, steps: int) -> list[Any]:
+    """The op's temperature [T] fp32, top_k [T] int64, top_p [T] fp32, min_p [T] fp32 and uniforms
+    [steps, T, R] fp32 (empty tensors for greedy steps)."""
+    import paddle
+
+    if sampling is None:
+        empty = paddle.zeros([0], dtype="float32")
+        return [empty, paddle.zeros([0], dtype="int64"), empty, empty, empty]
+    args = [sampling.temperature.astype("float32"), sampling.top_k.astype("int64"),
+            sampling.top_p.astype("float32"), sampling.min_p.astype("float32"), sampling.uniforms.astype("float32")]
+    if [int(x.shape[0]) for x in args[:4]] != [rows] * 4 or list(sampling.uniforms.shape[:2]) != [steps, rows]:
+        raise ValueError(f"decoder_steps: sampling arguments for {rows} rows and {steps} steps expected, got "
+                         f"{[list(x.shape) for x in args]}")
+    return [x if x.is_contiguous() else x.contiguous() for x in args]
 
 
 def _moe_switches_on(layers: list[Any]) -> bool:

@@ -62,7 +62,7 @@ KERNEL_OPS = tuple(
 )
 # Optional fusions of other ops: the reference has no kernel of its own (the
 # ``Ops`` method composes the unfused hooks); a backend's is checked against that.
-FUSED_OPS = ("rope_and_write_kv_cache", "decoder_layers", "decoder_greedy_steps", "moe_layer_experts", "moe_layer")
+FUSED_OPS = ("rope_and_write_kv_cache", "decoder_layers", "decoder_steps", "moe_layer_experts", "moe_layer")
 
 
 @dataclass

@@ -30,7 +30,7 @@ may start at the token embedding (``DecoderEmbedding``): the backend's
 kernel when its plugin declares ``FD_DECODER_LAYERS_EMBEDDING`` too, else
 the rows taken first.
 
-``decoder_greedy_steps`` (multi-step decoding: such whole-model runs for
+``decoder_steps`` (multi-step decoding: such whole-model runs for
 several decode steps in one call, each row's greedy token fed to the next)
 against the same backend's runs one step at a time with numpy's argmax
 between: the same tokens exactly (what the op promises; the runs themselves
@@ -52,6 +52,7 @@ from fd_core.ops.decoder import (
     DecoderEmbedding,
     DecoderHead,
     DecoderLayerWeights,
+    DecoderSampling,
     MoELayerWeights,
     compose_decoder_layers,
 )
@@ -333,12 +334,18 @@ STEPS_DECODES = [s for s in LAYER_STEPS if not s.prefills]
 GREEDY_STEPS = 5
 
 
+# per row (temperature, top_k, top_p, min_p) of the sampled multi-step case, cycled; a greedy row among them
+STEPS_SAMPLING = [(0.8, 0, 0.8, 0.0), (1.0, 5, 1.0, 0.0), (0.0, 0, 1.0, 0.0), (1.3, 0, 1.0, 0.05)]
+
+
+@pytest.mark.parametrize("draw", ["greedy", "sampled"])
 @pytest.mark.parametrize("moe_at", [(), (0,)], ids=["dense", "moe+dense"])
 @pytest.mark.parametrize("step", STEPS_DECODES, ids=[s.name for s in STEPS_DECODES])
-def test_decoder_greedy_steps(conformance: Harness, step: Step, moe_at: tuple[int, ...]) -> None:
-    """Several greedy decode steps of a whole-model run (embedding to head) in one call against the same
-    backend's runs one step at a time: the tokens [steps, T], every row crossing into a new block, the
-    vocabulary narrower than the head (its last columns never chosen)."""
+def test_decoder_steps(conformance: Harness, step: Step, moe_at: tuple[int, ...], draw: str) -> None:
+    """Several decode steps of a whole-model run (embedding to head) in one call against the same backend's
+    runs one step at a time, each row's token greedy or drawn (temperature / top-k / top-p / min-p, each
+    step's uniforms given) by the backend's own ``sample``: the tokens [steps, T], every row crossing into a
+    new block, the vocabulary narrower than the head (its last columns never chosen)."""
     fd = conformance
     method = next(iter(fd.backend.capabilities().quantization_methods), "none")
     rng = case_rng("decoder-greedy-steps", step.name, method, *moe_at)
@@ -358,16 +365,22 @@ def test_decoder_greedy_steps(conformance: Harness, step: Step, moe_at: tuple[in
         "table": fd.rounded(rng.normal(0, 1, (HEAD_VOCAB, HIDDEN))),
         "ids": rng.integers(0, HEAD_VOCAB, len(step.decode_lens)).astype(np.int64),
     }
+    if draw == "sampled":
+        batch = len(step.decode_lens)
+        rows = np.array([STEPS_SAMPLING[i % len(STEPS_SAMPLING)] for i in range(batch)])
+        data["sampling"] = [rows[:, 0].astype(np.float32), rows[:, 1].astype(np.int64),
+                            rows[:, 2].astype(np.float32), rows[:, 3].astype(np.float32),
+                            rng.random((GREEDY_STEPS, batch, 16), dtype=np.float32)]
     vocab = HEAD_VOCAB - 5
-    got = _greedy_steps(fd, step, method, data, tables, num_blocks, vocab, together=True)
-    want = _greedy_steps(fd, step, method, data, tables, num_blocks, vocab, together=False)
+    got = _decode_steps(fd, step, method, data, tables, num_blocks, vocab, together=True)
+    want = _decode_steps(fd, step, method, data, tables, num_blocks, vocab, together=False)
     case = (f"{step.name}: {method} layers=2{f' moe-layers={list(moe_at)}' if moe_at else ''} D={HIDDEN} "
             f"seq_lens={step.seq_lens} block_size={step.block_size} steps={GREEDY_STEPS} vocab={vocab} of the "
-            f"head's {HEAD_VOCAB} dtype={fd.dtype}: tokens [steps, T] against one run a step")
-    fd.assert_equal("decoder_greedy_steps", case, got, want)
+            f"head's {HEAD_VOCAB} dtype={fd.dtype} {draw}: tokens [steps, T] against one run a step")
+    fd.assert_equal("decoder_steps", case, got, want)
 
 
-def _greedy_steps(fd: Harness, step: Step, method: str, data: dict[str, Any], tables: list[list[int]],
+def _decode_steps(fd: Harness, step: Step, method: str, data: dict[str, Any], tables: list[list[int]],
                   num_blocks: int, vocab: int, together: bool) -> np.ndarray:
     layers, k_caches, v_caches = [], [], []
     for weights, ctx_k, ctx_v in zip(data["weights"], data["ctx_k"], data["ctx_v"]):
@@ -388,16 +401,27 @@ def _greedy_steps(fd: Harness, step: Step, method: str, data: dict[str, Any], ta
         return AttentionMetadata.build([1] * batch, [n + s for n in step.seq_lens], tables, step.block_size, batch)
 
     ids = fd.device(data["ids"])
+    sampling = None
+    if "sampling" in data:
+        t, k, p, m, u = (fd.host(x) for x in data["sampling"])
+        sampling = DecoderSampling(t, k, p, m, u, "sort")
     if together:
-        tokens = fd.call_fused("decoder_greedy_steps", layers=layers, embedding=DecoderEmbedding(table, ids),
+        tokens = fd.call_fused("decoder_steps", layers=layers, embedding=DecoderEmbedding(table, ids),
                                cos_sin=cos_sin, metadata=meta(0), k_caches=k_caches, v_caches=v_caches, head=head,
-                               steps=GREEDY_STEPS, vocab_size=vocab)
+                               steps=GREEDY_STEPS, vocab_size=vocab, sampling=sampling)
         if tokens is not None:
             return np.asarray(tokens.numpy())
     rows = []  # the steps one run at a time: what the engine does without the op
     for s in range(GREEDY_STEPS):
         logits = fd.call_run(layers=layers, hidden=DecoderEmbedding(table, ids), residual=None, cos_sin=cos_sin,
                              metadata=meta(s), k_caches=k_caches, v_caches=v_caches, head=head)
-        rows.append(np.asarray(logits.numpy())[:, :vocab].argmax(axis=-1))
+        if sampling is None:
+            rows.append(np.asarray(logits.numpy())[:, :vocab].argmax(axis=-1))
+        else:
+            t, k, p, m, u = data["sampling"]
+            drawn = fd.call("sample", logits=logits[:, :vocab].astype("float32"),
+                            temperature=fd.device(t, "float32"), top_k=fd.device(k), top_p=fd.device(p, "float32"),
+                            min_p=fd.device(m, "float32"), uniforms=fd.device(u[s], "float32"), method="sort")
+            rows.append(np.asarray(fd.numpy(drawn)))
         ids = fd.device(rows[-1].astype(np.int64))
     return np.stack(rows)

@@ -102,6 +102,13 @@ void wint8_contract_bf16_vbmi(const LinearArgs& a);
 // The first index of the largest of x[0, n), a NaN counting as the largest (the first NaN): numpy's
 // argmax over float32, the engine's greedy token (x86_ops.cc's greedy_token; kernels_avx512.cc).
 int64_t greedy_token_avx512(const float* x, int64_t n);
+// A sampled row's weights (x86_sample_op.cc): w[i] = exp(x[i] / temperature - top) in float64, 0 where
+// x[i] / temperature - top < cut (or -inf) and where that weight is below min_p. Needs cut >= -700. The
+// indices of the nonzero weights go to `nonzero`, ascending; returns how many. `nonzero` needs n + 8 slots.
+int64_t sample_weights_avx512(const float* x, int64_t n, double temperature, double top, double min_p, double cut,
+                              double* w, int64_t* nonzero);
+// The indices i of w[0, n) with lo <= w[i] < hi, ascending, into ids (n + 8 slots); returns how many.
+int64_t sample_gather_avx512(const double* w, int64_t n, double lo, double hi, int64_t* ids);
 
 void wint8_avx2(const LinearArgs& a);
 void wint4_avx2(const LinearArgs& a);

@@ -529,3 +529,72 @@ int64_t greedy_token_avx512(const float* x, int64_t n) {
 }
 
 }  // namespace fdx86
+
+namespace {
+
+// exp(x) on 8 doubles for x in [-700, 0]: x = n ln2 + r (ln2 split in two, fdlibm's constants, so n ln2's high
+// part is exact), |r| <= ln2 / 2, exp(r) by its Taylor series to r^13 / 13! (truncation < 1e-17 relative),
+// then scaled by 2^n. Within a few ulp of the correctly rounded value.
+inline __m512d exp_pd(__m512d x) {
+  const __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(x, _mm512_set1_pd(1.4426950408889634)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(6.93147180369123816490e-01), x);
+  r = _mm512_fnmadd_pd(n, _mm512_set1_pd(1.90821492927058770002e-10), r);
+  static constexpr double kInvFactorial[14] = {
+      1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040, 1.0 / 40320, 1.0 / 362880,
+      1.0 / 3628800, 1.0 / 39916800, 1.0 / 479001600, 1.0 / 6227020800};
+  __m512d p = _mm512_set1_pd(kInvFactorial[13]);
+  for (int k = 12; k >= 0; --k) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(kInvFactorial[k]));
+  return _mm512_scalef_pd(p, n);
+}
+
+}  // namespace
+
+namespace fdx86 {
+
+int64_t sample_weights_avx512(const float* x, int64_t n, double temperature, double top, double min_p, double cut,
+                              double* w, int64_t* nonzero) {
+  const __m512d t = _mm512_set1_pd(temperature), tp = _mm512_set1_pd(top), lo = _mm512_set1_pd(cut);
+  const __m512d mp = _mm512_set1_pd(min_p);
+  const __m512i eight = _mm512_set1_epi64(8);
+  __m512i idx = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+  int64_t found = 0;
+  for (int64_t i = 0; i < n; i += 8, idx = _mm512_add_epi64(idx, eight)) {
+    const __mmask8 lanes = n - i >= 8 ? __mmask8(0xFF) : __mmask8((1u << (n - i)) - 1);
+    const __m512d z = _mm512_div_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(lanes, x + i)), t);
+    const __m512d d = _mm512_sub_pd(z, tp);
+    const __mmask8 live = _mm512_cmp_pd_mask(d, lo, _CMP_GE_OQ);  // false for -inf (and NaN)
+    const __m512d e = exp_pd(_mm512_max_pd(d, lo));
+    const __mmask8 keep = live & _mm512_cmp_pd_mask(e, mp, _CMP_GE_OQ);
+    _mm512_mask_storeu_pd(w + i, lanes, _mm512_maskz_mov_pd(keep, e));
+    const __mmask8 in = keep & lanes;
+    if (in) {
+      _mm512_storeu_si512(nonzero + found, _mm512_maskz_compress_epi64(in, idx));  // 8 slots of room: see kernels.h
+      found += __builtin_popcount(in);
+    }
+  }
+  return found;
+}
+
+int64_t sample_gather_avx512(const double* w, int64_t n, double lo, double hi, int64_t* ids) {
+  int64_t found = 0;
+  const __m512d l = _mm512_set1_pd(lo), h = _mm512_set1_pd(hi);
+  const __m512i eight = _mm512_set1_epi64(8);
+  __m512i idx = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+  int64_t i = 0;
+  // a compress into a register and a whole store: on Zen 4 a compress straight to memory is microcoded (slow)
+  for (; i + 8 <= n; i += 8, idx = _mm512_add_epi64(idx, eight)) {
+    const __m512d v = _mm512_loadu_pd(w + i);
+    const __mmask8 in = _mm512_cmp_pd_mask(v, l, _CMP_GE_OQ) & _mm512_cmp_pd_mask(v, h, _CMP_LT_OQ);
+    if (in) {
+      _mm512_storeu_si512(ids + found, _mm512_maskz_compress_epi64(in, idx));
+      found += __builtin_popcount(in);
+    }
+  }
+  for (; i < n; ++i) {
+    if (w[i] >= lo && w[i] < hi) ids[found++] = i;
+  }
+  return found;
+}
+
+}  // namespace fdx86

@@ -29,6 +29,7 @@
 
 #include "cpu_features.h"
 #include "moe_op.h"
+#include "sample_kernels.h"
 #include "ops_kernels.h"
 #include "packed_linear.h"
 #include "paddle/extension.h"
@@ -1178,31 +1179,21 @@ std::vector<paddle::Tensor> RunPlanStep(const paddle::Tensor& hidden, const padd
                        p.head_out, p.head_group, p.head_eps, embed);
 }
 
-// The first index of the row's largest value, a NaN counting as larger than any number (the first NaN wins):
-// numpy's argmax over float32, which the engine's greedy sampler takes (fd_core.sampling.Sampler). AVX-512 where
-// the CPU has it (11x this loop over a warm 103424-wide row: 13 against 142 us, Zen 4, a standalone loop).
-int64_t greedy_token(const float* row, int64_t n) {
-  if (fdx86::cpu_has_avx512()) return fdx86::greedy_token_avx512(row, n);
-  for (int64_t i = 0; i < n; ++i) {
-    if (row[i] != row[i]) return i;
-  }
-  int64_t where = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (row[i] > row[where]) where = i;
-  }
-  return where;
-}
-
-// fd_x86_run_plan_steps: `steps` greedy decode steps of a plan that ends with the head, from the token
-// embedding (multi-step decoding, fd_core's --num-scheduler-steps). Step s runs fd_x86_run_plan_step on the
-// ids, takes each row's greedy token among the logits' first `vocab` columns, and feeds it to step s + 1 one
-// position later (its slot from the row's block table, its sequence one longer). -> tokens [steps, T] int64.
+// fd_x86_run_plan_steps: `steps` decode steps of a plan that ends with the head, from the token embedding
+// (multi-step decoding, fd_core's --num-scheduler-steps). Step s runs fd_x86_run_plan_step on the ids, takes
+// each row's token from the logits' first `vocab` columns (greedy; with `sampled`, fd_x86_sample's draw with the
+// row's temperature [T], top_k [T], top_p [T], min_p [T] and uniforms [steps, T, R] at step s: the same code,
+// so the same token as one step at a time), and feeds it to step s + 1 one position later (its slot from the
+// row's block table, its sequence one longer). -> tokens [steps, T] int64.
 // `transposed`: the table is given as [D, V] (a tied float head's weight): its columns are gathered here and
 // the run starts from those rows, as the model's own embedding of the [V, D] view gives them.
 std::vector<paddle::Tensor> RunPlanSteps(const paddle::Tensor& cos_sin, const paddle::Tensor& step_ints,
                                          const paddle::Tensor& ids, const paddle::Tensor& embed_table,
-                                         int64_t plan_id, int64_t block_size, int threads, int int8_act_rows,
-                                         int64_t steps, int64_t vocab, bool transposed) {
+                                         const paddle::Tensor& temperature, const paddle::Tensor& top_k,
+                                         const paddle::Tensor& top_p, const paddle::Tensor& min_p,
+                                         const paddle::Tensor& uniforms, int64_t plan_id, int64_t block_size,
+                                         int threads, int int8_act_rows, int64_t steps, int64_t vocab,
+                                         bool transposed, bool sampled) {
   const char* op = "fd_x86_run_plan_steps";
   std::shared_ptr<const RunPlan> plan;
   {
@@ -1224,6 +1215,23 @@ std::vector<paddle::Tensor> RunPlanSteps(const paddle::Tensor& cos_sin, const pa
   PD_CHECK(n_ints >= 4 * T && n_ints % T == 0, op, ": step_ints has ", n_ints, " values, expected 3 T + T W for T = ",
            T, " tokens (positions, slots, seq_lens, block tables [T, W])");
   const int64_t W = n_ints / T - 3;
+  int64_t R = 0;
+  if (sampled) {
+    const auto row_param = [&](const paddle::Tensor& x, paddle::DataType dtype, const char* name) {
+      PD_CHECK(x.is_cpu() && x.dtype() == dtype && x.numel() == T && x.is_contiguous(), op, ": ", name,
+               " must be a contiguous host tensor of ", T, " values of the sampler's dtype");
+    };
+    row_param(temperature, paddle::DataType::FLOAT32, "temperature");
+    row_param(top_k, paddle::DataType::INT64, "top_k");
+    row_param(top_p, paddle::DataType::FLOAT32, "top_p");
+    row_param(min_p, paddle::DataType::FLOAT32, "min_p");
+    PD_CHECK(uniforms.is_cpu() && uniforms.dtype() == paddle::DataType::FLOAT32 && uniforms.shape().size() == 3 &&
+                 uniforms.shape()[0] == steps && uniforms.shape()[1] == T && uniforms.shape()[2] >= 1 &&
+                 uniforms.is_contiguous(),
+             op, ": uniforms must be a contiguous [steps, T, R >= 1] fp32 host tensor for ", steps, " steps of ", T,
+             " rows");
+    R = uniforms.shape()[2];
+  }
   paddle::Tensor ints = paddle::empty({n_ints}, paddle::DataType::INT64, paddle::CPUPlace());
   paddle::Tensor cur = paddle::empty({T}, paddle::DataType::INT64, paddle::CPUPlace());
   std::copy_n(step_ints.data<int64_t>(), n_ints, ints.data<int64_t>());
@@ -1274,7 +1282,17 @@ std::vector<paddle::Tensor> RunPlanSteps(const paddle::Tensor& cos_sin, const pa
         int8_act_rows, p.head_method, p.head_out, p.head_group, p.head_eps, !transposed);
     const float* rows = logits[0].data<float>();
     int64_t* next = cur.data<int64_t>();
-    for (int64_t t = 0; t < T; ++t) next[t] = out[s * T + t] = greedy_token(rows + t * p.head_out, vocab);
+    if (sampled) {
+      const float *tt = temperature.data<float>(), *tp = top_p.data<float>(), *tm = min_p.data<float>();
+      const float* u = uniforms.data<float>() + s * T * R;
+      const int64_t* tk = top_k.data<int64_t>();
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (T > 1 && threads > 1)
+      for (int64_t t = 0; t < T; ++t) {
+        next[t] = out[s * T + t] = fdx86::sample_row(rows + t * p.head_out, vocab, tt[t], tk[t], tp[t], tm[t], u[t * R]);
+      }
+    } else {
+      for (int64_t t = 0; t < T; ++t) next[t] = out[s * T + t] = fdx86::greedy_token(rows + t * p.head_out, vocab);
+    }
     for (int64_t t = 0; t < T; ++t) {
       const int64_t pos = ++positions[t];
       slots[t] = tables[t * W + pos / block_size] * block_size + pos % block_size;
@@ -1332,10 +1350,10 @@ PD_BUILD_OP(fd_x86_run_plan_step)
     .SetInferDtypeFn(PD_INFER_DTYPE(RunPlanStepDtype));
 
 PD_BUILD_OP(fd_x86_run_plan_steps)
-    .Inputs({"CosSin", "StepInts", "Ids", "EmbedTable"})
+    .Inputs({"CosSin", "StepInts", "Ids", "EmbedTable", "Temperature", "TopK", "TopP", "MinP", "Uniforms"})
     .Outputs({"Tokens"})
     .Attrs({"plan: int64_t", "block_size: int64_t", "threads: int", "int8_act_rows: int", "steps: int64_t",
-            "vocab: int64_t", "transposed: bool"})
+            "vocab: int64_t", "transposed: bool", "sampled: bool"})
     .SetKernelFn(PD_KERNEL(RunPlanSteps));
 
 PD_BUILD_OP(fd_x86_run_plan_free)

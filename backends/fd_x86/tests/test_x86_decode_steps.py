@@ -1,7 +1,7 @@
-"""Multi-step decoding on x86 (``fd_decoder_greedy_steps``: ``fd_x86_run_plan_steps``): several greedy decode
-steps of a whole-model run in one call, against the same run one step at a time with numpy's argmax between
-(the engine's greedy sampler): the same tokens and the same bits in every cache; then the engine, whose
-multi-step schedules take that call, against one step a schedule."""
+"""Multi-step decoding on x86 (``fd_decoder_steps``: ``fd_x86_run_plan_steps``): several decode steps of a
+whole-model run in one call, against the same run one step at a time with the engine's draw between (numpy's
+argmax for greedy rows, the plugin's ``fd_sample`` for sampled ones): the same tokens and the same bits in
+every cache; then the engine, whose multi-step schedules take that call, against one step a schedule."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from test_x86_layer_head import VOCAB, _head  # noqa: E402
 from test_x86_layer_step import _ids, _layers, _table  # noqa: E402
 
 from fd_core.ops.attention import AttentionMetadata  # noqa: E402
-from fd_core.ops.decoder import DecoderEmbedding  # noqa: E402
+from fd_core.ops.decoder import DecoderEmbedding, DecoderSampling  # noqa: E402
 from fd_core.ops.rope import rope_cos_sin  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fused_switches_unset")
@@ -45,24 +45,41 @@ class Case:
 
 
 def _one_at_a_time(x86_ops: Any, layers: list[Any], case: Case, table: Any, ids: Any, head: Any, steps: int,
-                   vocab: int) -> tuple[np.ndarray, list[np.ndarray]]:
+                   vocab: int, sampling: DecoderSampling | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     caches = case.caches(layers)
     tokens = []
     for s in range(steps):
         logits = x86_ops.decoder_layers(layers, DecoderEmbedding(table, ids), None, case.cos_sin, case.meta(s),
                                         [c[0] for c in caches], [c[1] for c in caches], head)
-        tokens.append(logits.numpy()[:, :vocab].argmax(axis=-1))
+        rows = logits[:, :vocab].contiguous()
+        if sampling is None:
+            tokens.append(rows.numpy().argmax(axis=-1))
+        else:
+            tokens.append(x86_ops.sample(rows, sampling.temperature, sampling.top_k, sampling.top_p,
+                                         sampling.min_p, sampling.uniforms[s], sampling.method).numpy())
         ids = paddle.to_tensor(tokens[-1], dtype="int64")
     return np.stack(tokens), [t.numpy() for c in caches for t in c]
 
 
 def _together(x86_ops: Any, layers: list[Any], case: Case, table: Any, ids: Any, head: Any, steps: int,
-              vocab: int) -> tuple[np.ndarray, list[np.ndarray]]:
+              vocab: int, sampling: DecoderSampling | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     caches = case.caches(layers)
-    tokens = x86_ops.decoder_greedy_steps(layers, DecoderEmbedding(table, ids), case.cos_sin, case.meta(),
-                                          [c[0] for c in caches], [c[1] for c in caches], head, steps, vocab)
+    tokens = x86_ops.decoder_steps(layers, DecoderEmbedding(table, ids), case.cos_sin, case.meta(),
+                                   [c[0] for c in caches], [c[1] for c in caches], head, steps, vocab, sampling)
     assert tokens is not None, "the x86 plugin declined a run it takes one step at a time"
     return tokens.numpy(), [t.numpy() for c in caches for t in c]
+
+
+def _sampling(batch: int, steps: int, seed: int, method: str = "sort") -> DecoderSampling:
+    """Rows cycling through temperature / top-p / top-k / min-p settings, a greedy row among them."""
+    rng = np.random.default_rng(seed)
+    settings = [(0.8, 0, 0.8, 0.0), (1.0, 5, 1.0, 0.0), (0.0, 0, 1.0, 0.0), (1.3, 0, 1.0, 0.05), (0.6, 20, 0.9, 0.0)]
+    rows = np.array([settings[i % len(settings)] for i in range(batch)], dtype=np.float64)
+    return DecoderSampling(paddle.to_tensor(rows[:, 0].astype(np.float32)),
+                           paddle.to_tensor(rows[:, 1].astype(np.int64)),
+                           paddle.to_tensor(rows[:, 2].astype(np.float32)),
+                           paddle.to_tensor(rows[:, 3].astype(np.float32)),
+                           paddle.to_tensor(rng.random((steps, batch, 16), dtype=np.float32)), method)
 
 
 @pytest.mark.parametrize("head_form", ["wint8", "bfloat16"])
@@ -80,6 +97,26 @@ def test_the_steps_in_one_call_equal_one_step_at_a_time(x86_ops: Any, batch: int
     assert got[0].shape == (steps, batch) and got[0].max() < vocab
     for a, b in zip(got[1], want[1], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("head_form", ["wint8", "bfloat16"])
+@pytest.mark.parametrize("batch,steps", [(1, 7), (5, 4)])
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_sampled_steps_in_one_call_draw_what_one_step_at_a_time_draws(x86_ops: Any, batch: int, steps: int,
+                                                                      moe: bool, head_form: str) -> None:
+    """Rows drawing with temperature, top-k, top-p and min-p (a greedy row among them), each step's uniforms
+    given: the tokens of the run one step at a time with the plugin's own ``fd_sample`` between, and every
+    cache bit for bit; the draws are not the argmax's."""
+    layers, head, case = _layers(moe), _head(head_form), Case(batch, steps, seed=71 + batch)
+    table, ids, vocab = _table("bfloat16"), _ids(batch, seed=batch + 3), VOCAB - 9
+    sampling = _sampling(batch, steps, seed=batch)
+    got = _together(x86_ops, layers, case, table, ids, head, steps, vocab, sampling)
+    want = _one_at_a_time(x86_ops, layers, case, table, ids, head, steps, vocab, sampling)
+    np.testing.assert_array_equal(got[0], want[0])
+    for a, b in zip(got[1], want[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    greedy = _one_at_a_time(x86_ops, layers, case, table, ids, head, steps, vocab)[0]
+    assert (got[0] != greedy).any()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # fp16 keeps both copies (tie_lm_head)
@@ -100,7 +137,7 @@ def test_a_tied_float_heads_transposed_table_gives_the_same_steps(x86_ops: Any, 
         np.testing.assert_array_equal(a, b)
     other = _head("float32", seed=8).weight.astype(dtype).t()  # a view of another weight: declined
     caches = case.caches(layers)
-    assert x86_ops.decoder_greedy_steps(layers, DecoderEmbedding(other, ids), case.cos_sin, case.meta(),
+    assert x86_ops.decoder_steps(layers, DecoderEmbedding(other, ids), case.cos_sin, case.meta(),
                                         [c[0] for c in caches], [c[1] for c in caches], head, 4, VOCAB) is None
 
 
@@ -144,7 +181,7 @@ def test_steps_past_the_block_table_rotary_table_or_cache_are_refused_before_any
     caches = case.caches(layers)
     before = [t.numpy().copy() for c in caches for t in c]
     with pytest.raises(Exception, match=match):
-        x86_ops.decoder_greedy_steps(layers, DecoderEmbedding(_table("float32"), _ids(2)), case.cos_sin,
+        x86_ops.decoder_steps(layers, DecoderEmbedding(_table("float32"), _ids(2)), case.cos_sin,
                                      case.meta(), [c[0] for c in caches], [c[1] for c in caches], head, steps, VOCAB)
     for b, after in zip(before, (t for c in caches for t in c), strict=True):
         np.testing.assert_array_equal(b, after.numpy())
@@ -159,17 +196,26 @@ def test_runs_the_plugin_does_not_take_whole_are_declined(x86_ops: Any, monkeypa
     caches = case.caches(layers)
     args = (layers, DecoderEmbedding(_table("float32"), _ids(2)), case.cos_sin, case.meta(),
             [c[0] for c in caches], [c[1] for c in caches])
-    assert x86_ops.decoder_greedy_steps(*args, head, 3, VOCAB) is not None
-    assert get_backend("cpu").ops.decoder_greedy_steps(*args, head, 3, VOCAB) is None
+    assert x86_ops.decoder_steps(*args, head, 3, VOCAB) is not None
+    assert get_backend("cpu").ops.decoder_steps(*args, head, 3, VOCAB) is None
     for name in ("FD_X86_RUN_PLAN", "FD_X86_FUSED_EMBEDDING", "FD_X86_FUSED_HEAD"):
         monkeypatch.setenv(name, "0")
-        assert x86_ops.decoder_greedy_steps(*args, head, 3, VOCAB) is None, name
+        assert x86_ops.decoder_steps(*args, head, 3, VOCAB) is None, name
         monkeypatch.delenv(name)
     float64 = _head("float32")
     float64.weight = float64.weight.astype("float64")
-    assert x86_ops.decoder_greedy_steps(*args, float64, 3, VOCAB) is None
+    assert x86_ops.decoder_steps(*args, float64, 3, VOCAB) is None
     with pytest.raises(ValueError, match="steps and vocab_size must be >= 1, got 0 and"):
-        x86_ops.decoder_greedy_steps(*args, head, 0, VOCAB)
+        x86_ops.decoder_steps(*args, head, 0, VOCAB)
+    # sampled steps: only with the draw this plugin's fd_sample makes itself
+    assert x86_ops.decoder_steps(*args, head, 3, VOCAB, _sampling(2, 3, seed=1)) is not None
+    assert x86_ops.decoder_steps(*args, head, 3, VOCAB, _sampling(2, 3, seed=1, method="rejection")) is None
+    monkeypatch.setenv("FD_X86_SAMPLE", "0")
+    assert x86_ops.decoder_steps(*args, head, 3, VOCAB, _sampling(2, 3, seed=1)) is None
+    assert x86_ops.decoder_steps(*args, head, 3, VOCAB) is not None
+    monkeypatch.delenv("FD_X86_SAMPLE")
+    with pytest.raises(ValueError, match=r"sampling arguments for 2 rows and 3 steps expected"):
+        x86_ops.decoder_steps(*args, head, 3, VOCAB, _sampling(2, 4, seed=1))
 
 
 # -- the engine -----------------------------------------------------------------------------------------------
@@ -197,6 +243,8 @@ def test_the_engine_takes_the_steps_in_one_call_and_gives_the_same_tokens(
     rng = np.random.default_rng(3)
     prompts = [{"prompt_token_ids": [int(t) for t in rng.integers(5, 500, int(n))]} for n in (3, 40, 17, 70, 9)]
     params = [SamplingParams(max_tokens=int(m), temperature=0, ignore_eos=True) for m in (9, 1, 23, 14, 30)]
+    params[1] = SamplingParams(max_tokens=11, temperature=0.9, top_p=0.8, seed=5, ignore_eos=True)
+    params[3] = SamplingParams(max_tokens=14, temperature=1.2, top_k=7, min_p=0.02, seed=6, ignore_eos=True)
 
     def run(steps: int) -> list[list[int]]:
         llm = LLM(str(checkpoints[shape]), backend="x86", quantization=quantization, max_model_len=256,
@@ -204,8 +252,10 @@ def test_the_engine_takes_the_steps_in_one_call_and_gives_the_same_tokens(
         return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
 
     want = run(1)
-    calls: list[int] = []
+    calls: list[tuple[int, bool]] = []  # (steps, sampled)
     real = build.load_ops().fd_x86_run_plan_steps
-    monkeypatch.setattr(build.load_ops(), "fd_x86_run_plan_steps", lambda *a: calls.append(a[-3]) or real(*a))
+    monkeypatch.setattr(build.load_ops(), "fd_x86_run_plan_steps",
+                        lambda *a: calls.append((a[-4], a[-1])) or real(*a))
     assert run(6) == want
-    assert calls and max(calls) == 6 and min(calls) > 1, calls
+    assert calls and max(calls)[0] == 6 and min(calls)[0] > 1, calls
+    assert {sampled for _, sampled in calls} == {True, False}, calls
