@@ -11,6 +11,9 @@ namespace fdx86 {
 int64_t greedy_token(const float* row, int64_t n);
 
 // One token from row[0, n) with fd_core.ops.sampling's "sort" draw at uniform u (temperature 0: greedy_token).
-int64_t sample_row(const float* row, int64_t n, float temperature, int64_t top_k, float top_p, float min_p, float u);
+// `threads` > 1 splits the row's weights over two OpenMP threads (call it so from outside a parallel region,
+// one row at a time); the token does not depend on it, to the bit.
+int64_t sample_row(const float* row, int64_t n, float temperature, int64_t top_k, float top_p, float min_p, float u,
+                   int threads);
 
 }  // namespace fdx86

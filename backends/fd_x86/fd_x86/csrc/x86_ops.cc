@@ -1288,7 +1288,8 @@ std::vector<paddle::Tensor> RunPlanSteps(const paddle::Tensor& cos_sin, const pa
       const int64_t* tk = top_k.data<int64_t>();
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (T > 1 && threads > 1)
       for (int64_t t = 0; t < T; ++t) {
-        next[t] = out[s * T + t] = fdx86::sample_row(rows + t * p.head_out, vocab, tt[t], tk[t], tp[t], tm[t], u[t * R]);
+        next[t] = out[s * T + t] = fdx86::sample_row(rows + t * p.head_out, vocab, tt[t], tk[t], tp[t], tm[t],
+                                                     u[t * R], T == 1 ? threads : 1);
       }
     } else {
       for (int64_t t = 0; t < T; ++t) next[t] = out[s * T + t] = fdx86::greedy_token(rows + t * p.head_out, vocab);

@@ -60,11 +60,13 @@ using Item = std::pair<double, int64_t>;  // (weight, token id)
 
 struct Row {
   std::vector<double> w;
-  std::vector<int64_t> count;  // [kCopies][kBuckets] while counting, then [kBuckets]
+  std::vector<int64_t> count;  // [copies][kBuckets] while counting, then [kBuckets]
   std::vector<double> sum;
   std::vector<int64_t> offset;  // a gathered bucket's first item, -1 before
   std::vector<Item> items;
   std::vector<int64_t> ids, nonzero;
+  int parts = 1, threads = 1;  // the row's slices (of `slice` tokens) and the threads that scan them
+  int64_t slice = 0;
 
   static int bucket(double x) {  // 0 for 0 (and anything below 2^-67)
     uint64_t bits;
@@ -80,19 +82,30 @@ struct Row {
     return x;
   }
 
-  // bucket b's tokens in the sampling order (weight descending, equal weights by id), once
+  // bucket b's tokens in the sampling order (weight descending, equal weights by id), once. Each slice of the
+  // row is scanned by the thread that wrote its weights (`threads` > 1), so none is read from another core.
   const Item* gather(int b) {
     if (offset[b] < 0) {
       const double lo = floor_of(b), hi = floor_of(b + 1);
       const int64_t start = static_cast<int64_t>(items.size()), n = static_cast<int64_t>(w.size());
-      if (cpu_has_avx512()) {
-        ids.resize(n + 8);
-        const int64_t found = sample_gather_avx512(w.data(), n, lo, hi, ids.data());
-        for (int64_t j = 0; j < found; ++j) items.emplace_back(w[ids[j]], ids[j]);
-      } else {
-        for (int64_t i = 0; i < n; ++i) {
-          if (w[i] >= lo && w[i] < hi) items.emplace_back(w[i], i);
+      ids.resize(n + 8 * parts);
+      int64_t found[2] = {0, 0};
+#pragma omp parallel for num_threads(std::min(parts, threads)) schedule(static, 1) if (parts > 1 && threads > 1)
+      for (int part = 0; part < parts; ++part) {
+        const int64_t first = std::min(n, part * slice), last = std::min(n, first + slice);
+        int64_t* out = ids.data() + first + 8 * part;
+        if (cpu_has_avx512()) {
+          found[part] = sample_gather_avx512(w.data() + first, last - first, lo, hi, out);
+        } else {
+          for (int64_t i = first; i < last; ++i) {
+            if (w[i] >= lo && w[i] < hi) out[found[part]++] = i - first;
+          }
         }
+      }
+      for (int part = 0; part < parts; ++part) {
+        const int64_t first = std::min(n, part * slice);
+        const int64_t* in = ids.data() + first + 8 * part;
+        for (int64_t j = 0; j < found[part]; ++j) items.emplace_back(w[first + in[j]], first + in[j]);
       }
       std::sort(items.begin() + start, items.end(), [](const Item& a, const Item& c) {
         return a.first > c.first || (a.first == c.first && a.second < c.second);
@@ -103,8 +116,8 @@ struct Row {
   }
 };
 
-int64_t draw(Row& r, int64_t top_k, double top_p, double u) {
-  for (int c = 1; c < kCopies; ++c) {
+int64_t draw(Row& r, int copies, int64_t top_k, double top_p, double u) {
+  for (int c = 1; c < copies; ++c) {
     for (int b = 0; b < kBuckets; ++b) {
       r.count[b] += r.count[c * kBuckets + b];
       r.sum[b] += r.sum[c * kBuckets + b];
@@ -204,35 +217,55 @@ int64_t draw(Row& r, int64_t top_k, double top_p, double u) {
 
 }  // namespace
 
-int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, float top_p, float min_p, float u) {
+int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, float top_p, float min_p, float u,
+                   int threads) {
   const int64_t first = greedy_token(x, n);
   if (!(temperature > 0.0f) || !std::isfinite(x[first])) return first;  // greedy, or no finite maximum
-  thread_local Row r;
+  thread_local Row mine;
+  Row& r = mine;  // this thread's: inside the parallel region below, `mine` would name each thread's own
   const double t = temperature, top = static_cast<double>(x[first]) / t, mp = min_p;
+  // The weights and their buckets, in two halves of the row (one a thread where there are two; one part below
+  // 4096 tokens): each half's nonzero weights counted into its own kCopies histograms (copies by position, so
+  // runs of one bucket do not wait on one sum). The halves do not depend on the thread count, so neither do
+  // the sums' roundings nor the token: a row draws the same alone, in a batch, or in a multi-step run.
+  const int parts = n >= 4096 ? 2 : 1;
+  const int64_t slice = ((n + parts - 1) / parts + 7) / 8 * 8;
+  r.parts = parts;
+  r.threads = threads;
+  r.slice = slice;
   r.w.resize(n);
-  r.nonzero.resize(n + 8);
-  int64_t live = 0;
-  if (cpu_has_avx512()) {
-    live = sample_weights_avx512(x, n, t, top, mp, kCut, r.w.data(), r.nonzero.data());
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      const double d = static_cast<double>(x[i]) / t - top;
-      const double e = d >= kCut ? std::exp(d) : 0.0;
-      r.w[i] = e >= mp ? e : 0.0;
-      if (r.w[i] > 0.0) r.nonzero[live++] = i;
+  r.nonzero.resize(n + 8 * parts);
+  r.count.assign(static_cast<size_t>(parts) * kCopies * kBuckets, 0);
+  r.sum.assign(static_cast<size_t>(parts) * kCopies * kBuckets, 0.0);
+  const bool avx512 = cpu_has_avx512();
+#pragma omp parallel for num_threads(std::min(parts, threads)) schedule(static, 1) if (parts > 1 && threads > 1)
+  for (int part = 0; part < parts; ++part) {
+    const int64_t lo = std::min(n, part * slice), hi = std::min(n, lo + slice);
+    int64_t* nonzero = r.nonzero.data() + lo + 8 * part;  // indices from lo
+    int64_t live = 0;
+    if (avx512) {
+      live = sample_weights_avx512(x + lo, hi - lo, t, top, mp, kCut, r.w.data() + lo, nonzero);
+    } else {
+      for (int64_t i = lo; i < hi; ++i) {
+        const double d = static_cast<double>(x[i]) / t - top;
+        const double e = d >= kCut ? std::exp(d) : 0.0;
+        r.w[i] = e >= mp ? e : 0.0;
+        if (r.w[i] > 0.0) nonzero[live++] = i - lo;
+      }
+    }
+    int64_t* count = r.count.data() + static_cast<size_t>(part) * kCopies * kBuckets;
+    double* sum = r.sum.data() + static_cast<size_t>(part) * kCopies * kBuckets;
+    const double* w = r.w.data() + lo;
+    for (int64_t j = 0; j < live; ++j) {
+      const double v = w[nonzero[j]];
+      const int b = (j & (kCopies - 1)) * kBuckets + Row::bucket(v);
+      ++count[b];
+      sum[b] += v;
     }
   }
-  r.count.assign(kCopies * kBuckets, 0);
-  r.sum.assign(kCopies * kBuckets, 0.0);
   r.offset.assign(kBuckets, -1);
   r.items.clear();
-  for (int64_t j = 0; j < live; ++j) {  // copies by position, so runs of one bucket do not wait on one sum
-    const double w = r.w[r.nonzero[j]];
-    const int b = (j & (kCopies - 1)) * kBuckets + Row::bucket(w);
-    ++r.count[b];
-    r.sum[b] += w;
-  }
-  return draw(r, top_k, top_p, u);
+  return draw(r, parts * kCopies, top_k, top_p, u);
 }
 
 }  // namespace fdx86
@@ -266,7 +299,9 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits, const paddle::T
   const int64_t R = uniforms.shape()[1];
   int64_t* tokens = out.data<int64_t>();
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (B > 1 && threads > 1)
-  for (int64_t i = 0; i < B; ++i) tokens[i] = fdx86::sample_row(x + i * V, V, t[i], k[i], p[i], m[i], u[i * R]);
+  for (int64_t i = 0; i < B; ++i) {
+    tokens[i] = fdx86::sample_row(x + i * V, V, t[i], k[i], p[i], m[i], u[i * R], B == 1 ? threads : 1);
+  }
   return {out};
 }
 
