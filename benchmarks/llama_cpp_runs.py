@@ -5,7 +5,9 @@
   steps; ``speed_tg`` = B x decode tokens / decode time), JSONL output;
 - prefill tok/s of one prompt: ``llama-bench -p N -n 0`` (``avg_ts``);
 - greedy tokens: ``llama-server`` ``/completion`` with token-id prompts,
-  ``temperature`` 0 and ``top_k`` 1, ``ignore_eos``, no prompt cache.
+  ``temperature`` 0 and ``top_k`` 1, ``ignore_eos``, no prompt cache;
+- sampled decode tok/s at B=1 (``benchmarks/llama_cpp_sampled.py``): ``llama-server`` ``/completion``,
+  temperature then top-p, the server's ``timings.predicted_per_second``.
 
 Every tool runs with ``-t threads`` and its defaults otherwise (flash
 attention ``auto``, batch 2048, micro-batch 512): what a user gets.
@@ -13,6 +15,7 @@ attention ``auto``, batch 2048, micro-batch 512): what a user gets.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -20,12 +23,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from llama_cpp_build import LlamaCpp
 
-__all__ = ["batched_decode", "greedy_tokens", "parse_batched_jsonl", "parse_bench_json", "prefill"]
+__all__ = ["batched_decode", "greedy_tokens", "parse_batched_jsonl", "parse_bench_json", "prefill", "sampled_decode",
+           "server"]
 
 
 def parse_batched_jsonl(text: str) -> dict[int, float]:
@@ -104,21 +108,20 @@ def _post(url: str, body: dict[str, object], timeout: float) -> dict[str, object
         return json.loads(response.read())  # type: ignore[no-any-return]
 
 
-def greedy_tokens(llama: LlamaCpp, gguf: Path, prompts: Sequence[Sequence[int]], tokens: int, threads: int,
-                  log: Path, timeout: float = 300.0) -> list[list[int]]:
-    """``tokens`` greedy token ids after each token-id prompt, from a llama-server of ``gguf``."""
+@contextlib.contextmanager
+def server(llama: LlamaCpp, gguf: Path, threads: int, ctx: int, log: Path, timeout: float = 300.0) -> Iterator[str]:
+    """A llama-server of ``gguf`` (one slot), ready: yields its base URL; stopped on exit."""
     port = _free_port()
-    ctx = max(len(p) for p in prompts) + tokens + 64
     cmd = [str(llama.tool("llama-server")), "-m", str(gguf), "-t", str(threads), "-c", str(ctx), "-np", "1",
            "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
     with log.open("w") as f:
-        server = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
         while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({server.returncode}) before it was ready; log {log}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({proc.returncode}) before it was ready; log {log}")
             try:
                 with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
                     if r.status == 200:
@@ -128,6 +131,21 @@ def greedy_tokens(llama: LlamaCpp, gguf: Path, prompts: Sequence[Sequence[int]],
             if time.monotonic() > deadline:
                 raise TimeoutError(f"llama-server not ready after {timeout:.0f} s; log {log}")
             time.sleep(0.5)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def greedy_tokens(llama: LlamaCpp, gguf: Path, prompts: Sequence[Sequence[int]], tokens: int, threads: int,
+                  log: Path, timeout: float = 300.0) -> list[list[int]]:
+    """``tokens`` greedy token ids after each token-id prompt, from a llama-server of ``gguf``."""
+    ctx = max(len(p) for p in prompts) + tokens + 64
+    with server(llama, gguf, threads, ctx, log, timeout) as base:
         outs = []
         for prompt in prompts:
             body = {"prompt": [int(t) for t in prompt], "n_predict": tokens, "temperature": 0.0, "top_k": 1,
@@ -135,10 +153,28 @@ def greedy_tokens(llama: LlamaCpp, gguf: Path, prompts: Sequence[Sequence[int]],
             reply = _post(f"{base}/completion", body, timeout)
             outs.append([int(t) for t in reply["tokens"]])  # type: ignore[attr-defined]
         return outs
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+
+
+# llama.cpp's sampler chain for a sampled request like fd-core's (temperature, then top-p, then the draw): every
+# other sampler of its default chain off (top_k 0, min_p 0, typical_p 1, no penalties; DRY and XTC are off by
+# default)
+SAMPLED_BODY = {"top_k": 0, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+                "frequency_penalty": 0.0, "samplers": ["temperature", "top_p"]}
+
+
+def sampled_decode(llama: LlamaCpp, gguf: Path, prompts: Sequence[Sequence[int]], tokens: int, threads: int,
+                   temperature: float, top_p: float, log: Path, timeout: float = 300.0) -> list[float]:
+    """Decode tok/s of one sampled request after each token-id prompt (llama-server's own
+    ``timings.predicted_per_second``: the generation phase, no HTTP), one server for all."""
+    ctx = max(len(p) for p in prompts) + tokens + 64
+    with server(llama, gguf, threads, ctx, log, timeout) as base:
+        rates = []
+        for seed, prompt in enumerate(prompts):
+            body = {"prompt": [int(t) for t in prompt], "n_predict": tokens, "temperature": temperature,
+                    "top_p": top_p, "seed": seed, "ignore_eos": True, "cache_prompt": False, **SAMPLED_BODY}
+            reply = _post(f"{base}/completion", body, timeout)
+            timings = reply["timings"]  # type: ignore[index]
+            if int(timings["predicted_n"]) != tokens:  # type: ignore[index]
+                raise RuntimeError(f"llama-server predicted {timings['predicted_n']} tokens, asked {tokens}")  # type: ignore[index]
+            rates.append(float(timings["predicted_per_second"]))  # type: ignore[index]
+        return rates

@@ -63,7 +63,7 @@ struct Row {
   std::vector<int64_t> count;  // [copies][kBuckets] while counting, then [kBuckets]
   std::vector<double> sum;
   std::vector<int64_t> offset;  // a gathered bucket's first item, -1 before
-  std::vector<Item> items;
+  std::vector<Item> items, spare;
   std::vector<int64_t> ids, nonzero;
   int parts = 1, threads = 1;  // the row's slices (of `slice` tokens) and the threads that scan them
   int64_t slice = 0;
@@ -80,6 +80,35 @@ struct Row {
     double x;
     std::memcpy(&x, &bits, sizeof x);
     return x;
+  }
+
+  // One bucket's items, gathered in ascending id order, into the sampling order: weight descending, equal
+  // weights by id. Their bits share everything above the low kShift bits, so a stable LSD radix sort of those
+  // bits' complement, 8 bits a pass (a pass skipped where every item has the same byte), orders them; short
+  // runs take std::sort.
+  void order(Item* a, int64_t n) {
+    if (n < 64) {
+      std::sort(a, a + n, [](const Item& x, const Item& y) {
+        return x.first > y.first || (x.first == y.first && x.second < y.second);
+      });
+      return;
+    }
+    spare.resize(n);
+    Item *from = a, *to = spare.data();
+    const auto digit = [](const Item& x, int shift) {
+      uint64_t bits;
+      std::memcpy(&bits, &x.first, sizeof bits);
+      return static_cast<unsigned>((~bits >> shift) & 0xFF);
+    };
+    for (int shift = 0; shift < kShift; shift += 8) {
+      int64_t count[257] = {0};
+      for (int64_t i = 0; i < n; ++i) ++count[digit(from[i], shift) + 1];
+      if (count[digit(from[0], shift) + 1] == n) continue;  // one byte value: the order stands
+      for (int d = 0; d < 256; ++d) count[d + 1] += count[d];
+      for (int64_t i = 0; i < n; ++i) to[count[digit(from[i], shift)]++] = from[i];
+      std::swap(from, to);
+    }
+    if (from != a) std::copy(from, from + n, a);
   }
 
   // bucket b's tokens in the sampling order (weight descending, equal weights by id), once. Each slice of the
@@ -107,9 +136,7 @@ struct Row {
         const int64_t* in = ids.data() + first + 8 * part;
         for (int64_t j = 0; j < found[part]; ++j) items.emplace_back(w[first + in[j]], first + in[j]);
       }
-      std::sort(items.begin() + start, items.end(), [](const Item& a, const Item& c) {
-        return a.first > c.first || (a.first == c.first && a.second < c.second);
-      });
+      order(items.data() + start, static_cast<int64_t>(items.size()) - start);
       offset[b] = start;
     }
     return items.data() + offset[b];
