@@ -5,6 +5,7 @@ Nothing here downloads, builds or runs llama.cpp or an engine.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import sys
@@ -164,3 +165,37 @@ def test_a_reload_gives_the_row_a_fresh_engine_and_keeps_its_measurements(monkey
     assert made == [(Path("ckpt"), "x86", {"quantization": "w4a8"}, 8, 256)] * 2
     assert warmed == [first, row.config] and row.config is not first and not hasattr(first, "llm")
     assert row.decode == {1: [100.0]} and row.prefill == [50.0] and row.env == {"A": "1"}
+
+
+def test_the_sampled_comparison_checks_its_flags_and_pairs_rows_with_equal_bits(capsys):
+    sampled = _load("llama_cpp_sampled")
+    args = sampled.parse_args([])
+    assert args.shapes == ["mid-moe", "0.3b"] and args.steps == [1, 8] and (args.temperature, args.top_p) == (0.8, 0.8)
+    for argv in (["--top-p", "0"], ["--steps", "0"], ["--tokens", "0"]):
+        with pytest.raises(SystemExit):
+            sampled.parse_args(argv)
+    result = {"llama": {"q8_0": 100.0, "q4_0": 200.0},
+              "fd": [{"label": "wint8", "pair": "q8_0", "steps": {1: 150.0, 8: 250.0}}]}
+    table = sampled.format_table("mid-moe", result, [1, 8], args)
+    assert "| llama.cpp q4_0 | 200.0 | |" in table
+    assert "| fd-core x86 wint8 | 150.0 (1.50x q8_0) | 250.0 (2.50x q8_0) |" in table
+
+
+def test_sampled_decode_asks_llama_server_for_a_sampled_request_and_reads_its_timing(monkeypatch, tmp_path):
+    runs = _load("llama_cpp_runs")
+    bodies = []
+
+    @contextlib.contextmanager
+    def server(*args, **kwargs):
+        yield "http://fake"
+
+    def post(url, body, timeout):
+        bodies.append(body)
+        return {"timings": {"predicted_n": body["n_predict"], "predicted_per_second": 10.0 + len(bodies)}}
+
+    monkeypatch.setattr(runs, "server", server)
+    monkeypatch.setattr(runs, "_post", post)
+    rates = runs.sampled_decode(None, tmp_path / "x.gguf", [[1, 2], [3]], 16, 2, 0.8, 0.9, tmp_path / "log")
+    assert rates == [11.0, 12.0]
+    assert bodies[0]["temperature"] == 0.8 and bodies[0]["top_p"] == 0.9 and bodies[0]["top_k"] == 0
+    assert bodies[0]["samplers"] == ["temperature", "top_p"] and bodies[1]["seed"] == 1 and bodies[1]["ignore_eos"]
