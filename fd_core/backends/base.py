@@ -103,6 +103,13 @@ class Ops:
                                                                "FD_DECODER_LAYERS_ATTENTION_ONLY")
         # runs that end with the model's head (a DecoderHead: logits out) to FD_DECODER_LAYERS_HEAD = True
         self._fd_decoder_layers_head = declaring("FD_DECODER_LAYERS_HEAD")
+        # sampled multi-step runs only to plugins whose fd_decoder_steps takes `sampling` (one written
+        # without it would answer greedy tokens); None: no plugin does
+        steps_impls = hooks.fd_decoder_steps.get_hookimpls()
+        greedy_only = [impl.plugin for impl in steps_impls if "sampling" not in impl.argnames]
+        self._fd_decoder_steps_sampled = None if len(greedy_only) == len(steps_impls) else (
+            resolve(pm.subset_hook_caller("fd_decoder_steps", remove_plugins=greedy_only)) if greedy_only
+            else self._fd_decoder_steps)
         self._fd_decoder_layers_moe_head = declaring("FD_DECODER_LAYERS_MOE", "FD_DECODER_LAYERS_HEAD")
         # such runs that also start at the token embedding (a DecoderEmbedding as hidden) to plugins that
         # declare FD_DECODER_LAYERS_EMBEDDING = True as well
@@ -288,7 +295,10 @@ class Ops:
         if steps < 1 or vocab_size < 1:
             raise ValueError(f"decoder_steps: steps and vocab_size must be >= 1, got {steps} and "
                              f"{vocab_size}")
-        return self._fd_decoder_steps(  # type: ignore[no-any-return]
+        call = self._fd_decoder_steps if sampling is None else self._fd_decoder_steps_sampled
+        if call is None:
+            return None
+        return call(  # type: ignore[no-any-return]
             layers=layers, embedding=embedding, cos_sin=cos_sin, metadata=metadata, k_caches=k_caches,
             v_caches=v_caches, head=head, steps=steps, vocab_size=vocab_size, sampling=sampling)
 

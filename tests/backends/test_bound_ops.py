@@ -202,3 +202,31 @@ def test_bound_and_pluggy_dispatch_run_the_model_identically(
         outs.append(logits)
     for bound, pluggy in zip(*outs):
         np.testing.assert_array_equal(bound, pluggy)
+
+
+def test_sampled_decoder_steps_go_only_to_plugins_that_take_sampling() -> None:
+    """A plugin's ``fd_decoder_steps`` written without the ``sampling`` argument is asked for greedy steps
+    only: for sampled ones it would answer greedy tokens. One that takes it is asked for both."""
+    asked: list[tuple[str, Any]] = []
+
+    class GreedyOnly:
+        @hookimpl
+        def fd_decoder_steps(self, layers: Any, steps: int) -> Any:
+            asked.append(("greedy-only", None))
+            return "greedy-only"
+
+    class Both:
+        @hookimpl
+        def fd_decoder_steps(self, layers: Any, steps: int, sampling: Any) -> Any:
+            asked.append(("both", sampling))
+            return "both" if sampling is not None else None
+
+    args = ("layers", "embedding", "cos_sin", "meta", [], [], "head", 2, 10)
+    for ops in _both(make_plugin_manager(cpu, GreedyOnly())):
+        assert ops.decoder_steps(*args) == "greedy-only"
+        assert ops.decoder_steps(*args, sampling="draw") is None  # the engine runs the steps itself
+    for ops in _both(make_plugin_manager(cpu, GreedyOnly(), Both())):
+        asked.clear()
+        assert ops.decoder_steps(*args) == "greedy-only"  # Both declined greedy steps
+        assert ops.decoder_steps(*args, sampling="draw") == "both"
+        assert asked == [("both", None), ("greedy-only", None), ("both", "draw")]
