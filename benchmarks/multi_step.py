@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,22 +62,31 @@ def block(llm: Any, steps: int, batch: int, prompt_len: int, tokens: int, seed: 
     return batch * tokens / (time.perf_counter() - begin)
 
 
-def compare(llm: Any, a: int, b: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Pairs of blocks, A and B adjacent, alternating which goes first; B's speed over A's per pair."""
-    sampling = sampling_args(args)
+def paired(run: Callable[[Any, int], float], a: Any, b: Any, pairs: int) -> dict[str, Any]:
+    """``run(setting, seed)`` (tok/s) for settings A and B: two warm-up blocks each, then ``pairs`` pairs of
+    blocks, A and B adjacent, alternating which goes first; B's speed over A's per pair, the median and
+    quartiles of those ratios, and each setting's median tok/s."""
     for i in range(2):  # warm-up
-        block(llm, a, args.batch, args.prompt_len, args.tokens, i, sampling)
-        block(llm, b, args.batch, args.prompt_len, args.tokens, i, sampling)
+        run(a, i)
+        run(b, i)
     rates_a, rates_b, ratios = [], [], []
-    for i in range(args.pairs):
-        order = (a, b) if i % 2 else (b, a)
-        got = {n: block(llm, n, args.batch, args.prompt_len, args.tokens, 100 + i, sampling) for n in order}
+    for i in range(pairs):
+        got = {}
+        for setting in ((a, b) if i % 2 else (b, a)):
+            got[setting] = run(setting, 100 + i)
         rates_a.append(got[a])
         rates_b.append(got[b])
         ratios.append(got[b] / got[a])
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     return {"a": statistics.median(rates_a), "b": statistics.median(rates_b), "ratio": statistics.median(ratios),
             "p25": quartiles[0], "p75": quartiles[2]}
+
+
+def compare(llm: Any, a: int, b: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Step counts A and B in pairs of blocks (``paired``)."""
+    sampling = sampling_args(args)
+    return paired(lambda steps, seed: block(llm, steps, args.batch, args.prompt_len, args.tokens, seed, sampling),
+                  a, b, args.pairs)
 
 
 def sampling_args(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ in one process.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -69,7 +70,8 @@ def time_op(vocab: int, scale: float, setting: tuple[str, float, int, float, flo
             "draws": repeats}
 
 
-def engine_block(llm: Any, tokens: int, seed: int, native: bool, sampling: dict[str, Any]) -> float:
+def engine_block(llm: Any, tokens: int, native: bool, seed: int, sampling: dict[str, Any]) -> float:
+    """tok/s of one block (``multi_step.block``, one step a schedule) with the native draw or the reference's."""
     from multi_step import block
 
     if native:
@@ -106,6 +108,7 @@ def main() -> None:
                   f"{r['ratio']:.1f}x | {r['same']}/{r['draws']} |", flush=True)
     if args.engine:
         from engine_overhead import checkpoint
+        from multi_step import paired
 
         from fd_core import LLM
 
@@ -114,19 +117,11 @@ def main() -> None:
         for name in args.shapes:
             llm = LLM(str(checkpoint(name)), backend="x86", quantization=quantization, dtype="auto",
                       max_model_len=128 + args.tokens + 64, max_num_seqs=1, enable_prefix_caching=False)
-            for i in range(2):
-                engine_block(llm, args.tokens, i, True, sampling)
-                engine_block(llm, args.tokens, i, False, sampling)
-            ratios, rates = [], {True: [], False: []}
-            for i in range(args.pairs):
-                got = {n: engine_block(llm, args.tokens, 100 + i, n, sampling)
-                       for n in ((True, False) if i % 2 else (False, True))}
-                rates[True].append(got[True])
-                rates[False].append(got[False])
-                ratios.append(got[True] / got[False])
+            r = paired(functools.partial(engine_block, llm, args.tokens, sampling=sampling), False, True,
+                       args.pairs)
             print(f"{name} {args.quantization} B=1 T=0.8 top_p=0.8, one step a schedule: reference draw "
-                  f"{statistics.median(rates[False]):.1f} tok/s, native {statistics.median(rates[True]):.1f} "
-                  f"tok/s: {statistics.median(ratios):.3f}x ({args.pairs} pairs of {args.tokens} tokens)", flush=True)
+                  f"{r['a']:.1f} tok/s, native {r['b']:.1f} tok/s: {r['ratio']:.3f}x (quartiles {r['p25']:.3f}-"
+                  f"{r['p75']:.3f}, {args.pairs} pairs of {args.tokens} tokens)", flush=True)
             del llm
     print(f"load average: {open('/proc/loadavg').read().split()[:3]}")
 

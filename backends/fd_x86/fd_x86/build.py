@@ -41,7 +41,7 @@ SOURCES = ("x86_linear_op.cc", "kernels_avx512.cc", "kernels_avx2.cc", "x86_ops.
            "kernels_int4_bf16.cc", "kernels_int8_bf16.cc", "kernels_int8_bf16_vbmi.cc", "x86_sample_op.cc")
 HEADERS = ("kernels.h", "tiling.h", "amx_tiles.h", "ops_kernels.h", "packed_linear.h", "moe_kernels.h", "cpu_features.h",
            "moe_op.h", "prefill_kernels.h", "fp8_kernels.h", "vision_kernels.h", "simd_exp.h",
-           "offline_kernels.h", "offline_op.h", "packed_drive.h", "dense16_common.h", "sample_kernels.h")
+           "offline_kernels.h", "offline_op.h", "packed_drive.h", "dense16_common.h", "sample_kernels.h", "sample_op.h")
 # No -march=native: each kernel TU targets its ISA with #pragma GCC target
 # and the op dispatches at run time, so the cached .so runs on any x86-64.
 CXXFLAGS = ["-O3", "-std=c++17", "-fopenmp", "-Wall", "-Wno-unused-function"]

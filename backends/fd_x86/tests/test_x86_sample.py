@@ -104,7 +104,7 @@ def test_what_the_native_draw_declines_and_refuses(x86_ops: Any, monkeypatch: py
     assert sample(logits, *cols, uniforms, "sort") is None
     assert x86_ops.sample(logits, *cols, uniforms, "sort").shape == [2]  # the reference answered
     monkeypatch.delenv("FD_X86_SAMPLE")
-    with pytest.raises(Exception, match="fd_x86_sample: top_p must be a contiguous host tensor of 2 values"):
+    with pytest.raises(Exception, match="fd_x86_sample: top_p must be a contiguous host tensor of 2 fp32 values"):
         sample(logits, cols[0], cols[1], paddle.to_tensor(np.ones(3, np.float32)), cols[3], uniforms, "sort")
     with pytest.raises(Exception, match=r"fd_x86_sample: uniforms must be a contiguous \[B, R >= 1\]"):
         sample(logits, *cols, paddle.to_tensor(np.zeros((3, 16), np.float32)), "sort")

@@ -30,6 +30,7 @@
 #include "cpu_features.h"
 #include "moe_op.h"
 #include "sample_kernels.h"
+#include "sample_op.h"
 #include "ops_kernels.h"
 #include "packed_linear.h"
 #include "paddle/extension.h"
@@ -1217,14 +1218,7 @@ std::vector<paddle::Tensor> RunPlanSteps(const paddle::Tensor& cos_sin, const pa
   const int64_t W = n_ints / T - 3;
   int64_t R = 0;
   if (sampled) {
-    const auto row_param = [&](const paddle::Tensor& x, paddle::DataType dtype, const char* name) {
-      PD_CHECK(x.is_cpu() && x.dtype() == dtype && x.numel() == T && x.is_contiguous(), op, ": ", name,
-               " must be a contiguous host tensor of ", T, " values of the sampler's dtype");
-    };
-    row_param(temperature, paddle::DataType::FLOAT32, "temperature");
-    row_param(top_k, paddle::DataType::INT64, "top_k");
-    row_param(top_p, paddle::DataType::FLOAT32, "top_p");
-    row_param(min_p, paddle::DataType::FLOAT32, "min_p");
+    fdx86::check_sampling_rows(op, T, temperature, top_k, top_p, min_p);
     PD_CHECK(uniforms.is_cpu() && uniforms.dtype() == paddle::DataType::FLOAT32 && uniforms.shape().size() == 3 &&
                  uniforms.shape()[0] == steps && uniforms.shape()[1] == T && uniforms.shape()[2] >= 1 &&
                  uniforms.is_contiguous(),

@@ -20,6 +20,7 @@
 // uniform lies within rounding (~1e-16) of a CDF step; in one process the same logits always draw the same
 // token, which is what multi-step decoding (fd_x86_run_plan_steps) relies on.
 #include "sample_kernels.h"
+#include "sample_op.h"
 
 #include <algorithm>
 #include <cmath>
@@ -295,6 +296,18 @@ int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, 
   return draw(r, parts * kCopies, top_k, top_p, u);
 }
 
+void check_sampling_rows(const char* op, int64_t rows, const paddle::Tensor& temperature, const paddle::Tensor& top_k,
+                         const paddle::Tensor& top_p, const paddle::Tensor& min_p) {
+  const std::pair<const paddle::Tensor*, const char*> args[] = {
+      {&temperature, "temperature"}, {&top_k, "top_k"}, {&top_p, "top_p"}, {&min_p, "min_p"}};
+  for (const auto& [x, name] : args) {
+    const auto dtype = x == &top_k ? paddle::DataType::INT64 : paddle::DataType::FLOAT32;
+    PD_CHECK(x->is_cpu() && x->dtype() == dtype && x->numel() == rows && x->is_contiguous(), op, ": ", name,
+             " must be a contiguous host tensor of ", rows, " ", dtype == paddle::DataType::INT64 ? "int64" : "fp32",
+             " values");
+  }
+}
+
 }  // namespace fdx86
 
 namespace {
@@ -308,14 +321,7 @@ std::vector<paddle::Tensor> Sample(const paddle::Tensor& logits, const paddle::T
            op, ": logits must be a contiguous [B, V] fp32 host tensor");
   const int64_t B = logits.shape()[0], V = logits.shape()[1];
   PD_CHECK(V >= 1, op, ": logits have no columns");
-  const auto row_param = [&](const paddle::Tensor& x, paddle::DataType dtype, const char* name) {
-    PD_CHECK(x.is_cpu() && x.dtype() == dtype && x.numel() == B && x.is_contiguous(), op, ": ", name,
-             " must be a contiguous host tensor of ", B, " values of the expected dtype");
-  };
-  row_param(temperature, paddle::DataType::FLOAT32, "temperature");
-  row_param(top_k, paddle::DataType::INT64, "top_k");
-  row_param(top_p, paddle::DataType::FLOAT32, "top_p");
-  row_param(min_p, paddle::DataType::FLOAT32, "min_p");
+  fdx86::check_sampling_rows(op, B, temperature, top_k, top_p, min_p);
   PD_CHECK(uniforms.is_cpu() && uniforms.dtype() == paddle::DataType::FLOAT32 && uniforms.shape().size() == 2 &&
                uniforms.shape()[0] == B && uniforms.shape()[1] >= 1 && uniforms.is_contiguous(),
            op, ": uniforms must be a contiguous [B, R >= 1] fp32 host tensor");
