@@ -115,6 +115,8 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.steps) < 1 or args.batch < 1 or args.tokens < 1 or args.pairs < 1:
         parser.error("--steps, --batch, --tokens and --pairs must be positive")
+    if args.steps[0] == args.steps[1]:
+        parser.error(f"--steps compares two different step counts, got {args.steps[0]} twice")
     quantization = json.loads(args.quantization) if args.quantization.startswith("{") else args.quantization
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")

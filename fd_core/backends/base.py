@@ -103,12 +103,15 @@ class Ops:
                                                                "FD_DECODER_LAYERS_ATTENTION_ONLY")
         # runs that end with the model's head (a DecoderHead: logits out) to FD_DECODER_LAYERS_HEAD = True
         self._fd_decoder_layers_head = declaring("FD_DECODER_LAYERS_HEAD")
-        # sampled multi-step runs only to plugins whose fd_decoder_steps takes `sampling` (one written
-        # without it would answer greedy tokens); None: no plugin does
+        # sampled multi-step runs only to the plugin asked first for a draw (fd_sample), and only when its
+        # fd_decoder_steps takes `sampling`: its steps must draw the tokens its fd_sample would, and one
+        # written without the argument would answer greedy tokens; None: no plugin qualifies
         steps_impls = hooks.fd_decoder_steps.get_hookimpls()
-        greedy_only = [impl.plugin for impl in steps_impls if "sampling" not in impl.argnames]
-        self._fd_decoder_steps_sampled = None if len(greedy_only) == len(steps_impls) else (
-            resolve(pm.subset_hook_caller("fd_decoder_steps", remove_plugins=greedy_only)) if greedy_only
+        drawer = next(iter(call_order(hooks.fd_sample)), None)
+        others = [impl.plugin for impl in steps_impls
+                  if drawer is None or impl.plugin is not drawer.plugin or "sampling" not in impl.argnames]
+        self._fd_decoder_steps_sampled = None if len(others) == len(steps_impls) else (
+            resolve(pm.subset_hook_caller("fd_decoder_steps", remove_plugins=others)) if others
             else self._fd_decoder_steps)
         self._fd_decoder_layers_moe_head = declaring("FD_DECODER_LAYERS_MOE", "FD_DECODER_LAYERS_HEAD")
         # such runs that also start at the token embedding (a DecoderEmbedding as hidden) to plugins that

@@ -321,8 +321,9 @@ def fd_decoder_steps(
     own ``fd_sample`` gives those logits with the row's ``temperature``,
     ``top_k``, ``top_p``, ``min_p``, ``uniforms[s]`` and ``method`` (a
     backend that leaves ``fd_sample`` to another plugin, or does not draw
-    ``method`` itself, returns None; an implementation without the
-    ``sampling`` argument is asked for greedy steps only); then the next step with those tokens as
+    ``method`` itself, returns None; sampled steps go only to the plugin
+    asked first for ``fd_sample``, and only to an implementation that takes
+    ``sampling`` without a default); then the next step with those tokens as
     the ids, every row one position later (its slot ``block_table[pos //
     block_size] * block_size + pos % block_size``) and its sequence one token
     longer. Every step's slot lies in the rows' block tables (the scheduler

@@ -204,9 +204,10 @@ def test_bound_and_pluggy_dispatch_run_the_model_identically(
         np.testing.assert_array_equal(bound, pluggy)
 
 
-def test_sampled_decoder_steps_go_only_to_plugins_that_take_sampling() -> None:
-    """A plugin's ``fd_decoder_steps`` written without the ``sampling`` argument is asked for greedy steps
-    only: for sampled ones it would answer greedy tokens. One that takes it is asked for both."""
+def test_sampled_decoder_steps_go_only_to_the_first_drawer_and_only_if_it_takes_sampling() -> None:
+    """Sampled multi-step runs go to the plugin asked first for ``fd_sample`` (its steps must draw what its
+    draw gives), and only when its ``fd_decoder_steps`` takes ``sampling`` (one written without it would answer
+    greedy tokens); greedy runs go to every implementation, as before."""
     asked: list[tuple[str, Any]] = []
 
     class GreedyOnly:
@@ -215,11 +216,24 @@ def test_sampled_decoder_steps_go_only_to_plugins_that_take_sampling() -> None:
             asked.append(("greedy-only", None))
             return "greedy-only"
 
+        @hookimpl
+        def fd_sample(self, logits: Any) -> Any:
+            return None
+
     class Both:
         @hookimpl
         def fd_decoder_steps(self, layers: Any, steps: int, sampling: Any) -> Any:
             asked.append(("both", sampling))
             return "both" if sampling is not None else None
+
+        @hookimpl
+        def fd_sample(self, logits: Any) -> Any:
+            return None
+
+    class Drawer:  # another plugin's draw, asked first
+        @hookimpl
+        def fd_sample(self, logits: Any) -> Any:
+            return None
 
     args = ("layers", "embedding", "cos_sin", "meta", [], [], "head", 2, 10)
     for ops in _both(make_plugin_manager(cpu, GreedyOnly())):
@@ -230,3 +244,7 @@ def test_sampled_decoder_steps_go_only_to_plugins_that_take_sampling() -> None:
         assert ops.decoder_steps(*args) == "greedy-only"  # Both declined greedy steps
         assert ops.decoder_steps(*args, sampling="draw") == "both"
         assert asked == [("both", None), ("greedy-only", None), ("both", "draw")]
+    for ops in _both(make_plugin_manager(cpu, Both(), GreedyOnly())):  # GreedyOnly draws first: nobody
+        assert ops.decoder_steps(*args, sampling="draw") is None
+    for ops in _both(make_plugin_manager(cpu, GreedyOnly(), Both(), Drawer())):
+        assert ops.decoder_steps(*args, sampling="draw") is None

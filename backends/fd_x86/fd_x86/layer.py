@@ -71,7 +71,8 @@ checks live in ``fd_x86.run_step``.
 ``decoder_steps`` (``fd_decoder_steps``: multi-step decoding,
 ``--num-scheduler-steps``) runs such a whole-model run, from the embedding to
 the head, several decode steps in one call (``fd_x86_run_plan_steps``): each
-step's greedy tokens are taken natively and fed to the next, so the engine's
+step's tokens (greedy, or sampled rows drawn by the code ``fd_x86_sample``
+runs, ``fd_x86.sampling``) are taken natively and fed to the next, so the engine's
 Python (scheduler, inputs, sampler, outputs: ~0.25 ms a step after the
 kernels) is paid once for the steps. It answers only the runs
 ``decoder_layers`` would take with the embedding and the head in the plan.

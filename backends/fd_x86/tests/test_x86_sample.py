@@ -70,6 +70,19 @@ def test_minus_inf_nan_and_plus_inf_rows(x86_ops: Any) -> None:
     assert got[0] % 2 == 1 and list(got[1:]) == [17, 40, 0, 999, 999]
 
 
+def test_min_p_nan_is_off_and_min_p_above_one_takes_the_argmax(x86_ops: Any) -> None:
+    """Out of the engine's range (it validates min_p in [0, 1]), the op still answers: a NaN min_p filters
+    nothing, as the reference (which filters only for min_p > 0); a min_p above 1, which drops every weight,
+    gives the argmax instead of reading past the buckets."""
+    rng = np.random.default_rng(9)
+    logits = rng.standard_normal((2, 5000)).astype(np.float32)
+    uniforms = rng.random((2, 16), dtype=np.float32)
+    nan = _columns([(1.0, 0, 0.9, float("nan"))] * 2)
+    np.testing.assert_array_equal(_native(x86_ops, logits, nan, uniforms), _host_sample(logits, *nan, uniforms, "sort"))
+    above = _columns([(1.0, 0, 0.9, 1.5)] * 2)
+    np.testing.assert_array_equal(_native(x86_ops, logits, above, uniforms), logits.argmax(axis=-1))
+
+
 def test_uniforms_at_the_edges_and_rows_independent_of_the_batch(x86_ops: Any) -> None:
     """u = 0 takes the most likely token, u just under 1 the last of the kept set; a row's token is the same
     alone and at any row of a batch (threads split the rows)."""

@@ -31,9 +31,10 @@ kernel when its plugin declares ``FD_DECODER_LAYERS_EMBEDDING`` too, else
 the rows taken first.
 
 ``decoder_steps`` (multi-step decoding: such whole-model runs for
-several decode steps in one call, each row's greedy token fed to the next)
+several decode steps in one call, each row's token fed to the next)
 against the same backend's runs one step at a time with numpy's argmax
-between: the same tokens exactly (what the op promises; the runs themselves
+(greedy rows) or the backend's own ``sample`` (sampled rows) between: the
+same tokens exactly (what the op promises; the runs themselves
 are checked against the reference above). A backend without the op answers
 None and its engine steps one run at a time, which is then both sides.
 """

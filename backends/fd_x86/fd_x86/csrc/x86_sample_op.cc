@@ -155,6 +155,7 @@ int64_t draw(Row& r, int copies, int64_t top_k, double top_p, double u) {
   r.sum.resize(kBuckets);
   int64_t kept = 0;
   for (int b = 0; b < kBuckets; ++b) kept += r.count[b];
+  if (kept == 0) return -1;  // min_p above 1 dropped every weight: the caller takes the argmax
   // top-k: the buckets above the k-th token whole, its bucket cut to the tokens that precede it
   int lowest = 0;
   if (top_k > 0 && top_k < kept) {
@@ -251,7 +252,8 @@ int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, 
   if (!(temperature > 0.0f) || !std::isfinite(x[first])) return first;  // greedy, or no finite maximum
   thread_local Row mine;
   Row& r = mine;  // this thread's: inside the parallel region below, `mine` would name each thread's own
-  const double t = temperature, top = static_cast<double>(x[first]) / t, mp = min_p;
+  // min_p: 0 or NaN is off (the reference filters only for min_p > 0)
+  const double t = temperature, top = static_cast<double>(x[first]) / t, mp = min_p > 0.0f ? min_p : 0.0;
   // The weights and their buckets, in two halves of the row (one a thread where there are two; one part below
   // 4096 tokens): each half's nonzero weights counted into its own kCopies histograms (copies by position, so
   // runs of one bucket do not wait on one sum). The halves do not depend on the thread count, so neither do
@@ -293,7 +295,8 @@ int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, 
   }
   r.offset.assign(kBuckets, -1);
   r.items.clear();
-  return draw(r, parts * kCopies, top_k, top_p, u);
+  const int64_t token = draw(r, parts * kCopies, top_k, top_p, u);
+  return token >= 0 ? token : first;
 }
 
 void check_sampling_rows(const char* op, int64_t rows, const paddle::Tensor& temperature, const paddle::Tensor& top_k,
