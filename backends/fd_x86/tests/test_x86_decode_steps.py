@@ -119,6 +119,21 @@ def test_sampled_steps_in_one_call_draw_what_one_step_at_a_time_draws(x86_ops: A
     assert (got[0] != greedy).any()
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_the_portable_loops_take_the_same_steps(x86_ops: Any, monkeypatch: pytest.MonkeyPatch, sampled: bool) -> None:
+    """With the argmax and the draw's plain loops (``FD_X86_SAMPLE_ISA=portable``: what a CPU without AVX-512
+    runs), the steps in one call still equal one step at a time, and give the AVX-512 loops' tokens."""
+    layers, head, case = _layers(True), _head("wint8"), Case(5, 4, seed=81)
+    table, ids, vocab = _table("bfloat16"), _ids(5, seed=12), VOCAB - 9
+    sampling = _sampling(5, 4, seed=5) if sampled else None
+    fast = _together(x86_ops, layers, case, table, ids, head, 4, vocab, sampling)[0]
+    monkeypatch.setenv("FD_X86_SAMPLE_ISA", "portable")
+    got = _together(x86_ops, layers, case, table, ids, head, 4, vocab, sampling)
+    want = _one_at_a_time(x86_ops, layers, case, table, ids, head, 4, vocab, sampling)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[0], fast)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # fp16 keeps both copies (tie_lm_head)
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_a_tied_float_heads_transposed_table_gives_the_same_steps(x86_ops: Any, moe: bool, dtype: str) -> None:

@@ -1,7 +1,8 @@
 """The native draw (``fd_sample`` on x86: ``csrc/x86_sample_op.cc``) against the reference's host draw
 (``fd_core.ops.sampling._host_sample``, float64 numpy): the same token for every row of random logits, flat
 and peaked, with ties, -inf, NaN and +inf, at vocabulary widths around the kernel's 8-lane steps, under every
-filter and their edges; rows independent of their batch; what the op declines and refuses."""
+filter and their edges; rows independent of their batch; what the op declines and refuses. Each test runs
+with the AVX-512 kernels and with the plain loops of CPUs without AVX-512."""
 
 from __future__ import annotations
 
@@ -13,6 +14,17 @@ import pytest
 paddle = pytest.importorskip("paddle")
 
 from fd_core.ops.sampling import _host_sample  # noqa: E402
+
+
+@pytest.fixture(autouse=True, params=["avx512", "portable"])
+def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: the AVX-512 kernels where the CPU has them, and the plain loops a CPU without AVX-512
+    runs (``FD_X86_SAMPLE_ISA=portable``)."""
+    if request.param == "portable":
+        monkeypatch.setenv("FD_X86_SAMPLE_ISA", "portable")
+    else:
+        monkeypatch.delenv("FD_X86_SAMPLE_ISA", raising=False)
+    return str(request.param)
 
 # (temperature, top_k, top_p, min_p)
 SETTINGS = [

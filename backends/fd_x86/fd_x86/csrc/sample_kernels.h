@@ -7,7 +7,7 @@ namespace fdx86 {
 
 // The first index of the row's largest value, a NaN counting as larger than any number (the first NaN wins):
 // numpy's argmax over float32, the engine's greedy token. AVX-512 where the CPU has it (11x a plain loop over a
-// warm 103424-wide row: 13 against 142 us, Zen 4, a standalone loop).
+// warm 103424-wide row: 13 against 142 us, Zen 4, a standalone loop) unless FD_X86_SAMPLE_ISA=portable.
 int64_t greedy_token(const float* row, int64_t n);
 
 // One token from row[0, n) with fd_core.ops.sampling's "sort" draw at uniform u (temperature 0: greedy_token).

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -36,8 +37,15 @@
 
 namespace fdx86 {
 
+// AVX-512 where the CPU has it; FD_X86_SAMPLE_ISA=portable forces the plain loops (the code a CPU without
+// AVX-512 runs: tests, comparisons), read on each call.
+static bool sample_avx512() {
+  const char* isa = std::getenv("FD_X86_SAMPLE_ISA");
+  return cpu_has_avx512() && !(isa != nullptr && std::strcmp(isa, "portable") == 0);
+}
+
 int64_t greedy_token(const float* row, int64_t n) {
-  if (cpu_has_avx512()) return greedy_token_avx512(row, n);
+  if (sample_avx512()) return greedy_token_avx512(row, n);
   for (int64_t i = 0; i < n; ++i) {
     if (row[i] != row[i]) return i;
   }
@@ -67,6 +75,7 @@ struct Row {
   std::vector<Item> items, spare;
   std::vector<int64_t> ids, nonzero;
   int parts = 1, threads = 1;  // the row's slices (of `slice` tokens) and the threads that scan them
+  bool avx512 = false;          // the row's weights were made by the AVX-512 kernel: gather with it too
   int64_t slice = 0;
 
   static int bucket(double x) {  // 0 for 0 (and anything below 2^-67)
@@ -124,7 +133,7 @@ struct Row {
       for (int part = 0; part < parts; ++part) {
         const int64_t first = std::min(n, part * slice), last = std::min(n, first + slice);
         int64_t* out = ids.data() + first + 8 * part;
-        if (cpu_has_avx512()) {
+        if (avx512) {
           found[part] = sample_gather_avx512(w.data() + first, last - first, lo, hi, out);
         } else {
           for (int64_t i = first; i < last; ++i) {
@@ -267,7 +276,8 @@ int64_t sample_row(const float* x, int64_t n, float temperature, int64_t top_k, 
   r.nonzero.resize(n + 8 * parts);
   r.count.assign(static_cast<size_t>(parts) * kCopies * kBuckets, 0);
   r.sum.assign(static_cast<size_t>(parts) * kCopies * kBuckets, 0.0);
-  const bool avx512 = cpu_has_avx512();
+  const bool avx512 = sample_avx512();
+  r.avx512 = avx512;
 #pragma omp parallel for num_threads(std::min(parts, threads)) schedule(static, 1) if (parts > 1 && threads > 1)
   for (int part = 0; part < parts; ++part) {
     const int64_t lo = std::min(n, part * slice), hi = std::min(n, lo + slice);
