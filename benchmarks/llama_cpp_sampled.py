@@ -37,7 +37,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", choices=["0.3b", "mid-moe"], default=["mid-moe", "0.3b"])
     p.add_argument("--rows", nargs="+", default=DEFAULT_ROWS,
-                   help="fd-core rows (names from llama_cpp_shapes; those a shape lacks are skipped)")
+                   help="fd-core rows (names from llama_cpp_shapes; a shape measures those it has)")
     p.add_argument("--steps", type=int, nargs="+", default=[1, 8], help="fd-core --num-scheduler-steps values")
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-p", type=float, default=0.8)
@@ -56,6 +56,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if min(args.steps) < 1 or not 0 < args.temperature or not 0 < args.top_p <= 1:
         p.error("--steps must be >= 1, --temperature > 0 and --top-p in (0, 1]")
+    configs = {c.name: c for name in args.shapes for c in SHAPES[name].fd_configs}
+    unknown = [r for r in args.rows if r not in configs]
+    if unknown:
+        p.error(f"--rows {unknown[0]!r} is no row of {' or '.join(args.shapes)}; expected one of "
+                f"{sorted(configs)}")
+    switched = [r for r in args.rows if configs[r].env]
+    if switched:  # their switches change prefill only; this script times decoding
+        p.error(f"--rows {switched[0]!r} is a prefill switch's row ({configs[switched[0]].env}); this script times "
+                "decoding: name the row without it")
     return args
 
 
@@ -81,7 +90,7 @@ def run_shape(name: str, args: argparse.Namespace, llama: Any) -> dict[str, Any]
         generate_checkpoint(ckpt, shape.generator, naming="pytorch", seed=shape.seed, **shape.overrides)
     f32 = convert(llama, ckpt, args.work_dir / f"{name}-f32.gguf")
     ggufs = {q: quantize(llama, f32, q, args.threads) for q in ("q8_0", "q4_0")}
-    configs = [c for c in shape.fd_configs if c.name in args.rows and not c.env]
+    configs = [c for c in shape.fd_configs if c.name in args.rows]
     rng = np.random.default_rng(11)
     llama_rates: dict[str, list[float]] = {q: [] for q in ggufs}
     fd: dict[tuple[str, int], list[float]] = {}

@@ -115,6 +115,9 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.steps) < 1 or args.batch < 1 or args.tokens < 1 or args.pairs < 1:
         parser.error("--steps, --batch, --tokens and --pairs must be positive")
+    if args.temperature < 0 or (not args.temperature and (args.top_p != 1.0 or args.top_k != 0)):
+        parser.error(f"--top-p {args.top_p} / --top-k {args.top_k} need --temperature above 0 (sampled requests); "
+                     f"got --temperature {args.temperature}")
     if args.steps[0] == args.steps[1]:
         parser.error(f"--steps compares two different step counts, got {args.steps[0]} twice")
     quantization = json.loads(args.quantization) if args.quantization.startswith("{") else args.quantization

@@ -174,6 +174,14 @@ def test_the_sampled_comparison_checks_its_flags_and_pairs_rows_with_equal_bits(
     for argv in (["--top-p", "0"], ["--steps", "0"], ["--tokens", "0"]):
         with pytest.raises(SystemExit):
             sampled.parse_args(argv)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        sampled.parse_args(["--rows", "w4a8 + w4a8 hed"])
+    assert "--rows 'w4a8 + w4a8 hed' is no row of mid-moe or 0.3b" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sampled.parse_args(["--shapes", "0.3b", "--rows", "all-int4, int8-act prefill"])
+    assert "is a prefill switch's row" in capsys.readouterr().err
+    assert sampled.parse_args(["--shapes", "0.3b", "--rows", "fp32"]).rows == ["fp32"]
     result = {"llama": {"q8_0": 100.0, "q4_0": 200.0},
               "fd": [{"label": "wint8", "pair": "q8_0", "steps": {1: 150.0, 8: 250.0}}]}
     table = sampled.format_table("mid-moe", result, [1, 8], args)

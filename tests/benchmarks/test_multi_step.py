@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from tests.benchmarks.test_llama_cpp import _load
 
 script = _load("multi_step")
@@ -59,6 +61,16 @@ def test_sampled_blocks_draw_with_the_given_settings(checkpoint_factory, monkeyp
     monkeypatch.setattr(EngineCore, "add_request", lambda self, req: (seen.append(req.sampling_params), real(self, req)))
     assert script.block(llm, 4, 1, 8, 9, 3, sampling) > 0
     assert [(p.temperature, p.top_p, p.top_k, p.seed) for p in seen] == [(0.8, 0.8, 5, 3)]
+
+
+def test_the_flags_refuse_a_draw_setting_without_a_temperature_and_equal_step_counts(monkeypatch, capsys):
+    for argv, said in ((["--top-p", "0.8"], "--top-p 0.8 / --top-k 0 need --temperature above 0"),
+                       (["--top-k", "5"], "--top-k 5 need --temperature above 0"),
+                       (["--steps", "4", "4"], "--steps compares two different step counts, got 4 twice")):
+        monkeypatch.setattr("sys.argv", ["multi_step.py", *argv])
+        with pytest.raises(SystemExit):
+            script.main()
+        assert said in capsys.readouterr().err
 
 
 def test_the_sampling_benchmark_times_both_draws():

@@ -125,6 +125,7 @@ from fd_x86.run_step import (
     step_ints,
 )
 from fd_x86.sampling import enabled as sampling_enabled
+from fd_x86.sampling import op_args as sampling_op_args
 
 __all__ = ["decoder_steps", "decoder_layers"]
 
@@ -527,17 +528,22 @@ def decoder_steps(layers: list[Any], embedding: Any, cos_sin: Any, metadata: Any
 def _sampling_inputs(sampling: Any, rows: int, steps: int) -> list[Any]:
     """The op's temperature [T] fp32, top_k [T] int64, top_p [T] fp32, min_p [T] fp32 and uniforms
     [steps, T, R] fp32 (empty tensors for greedy steps)."""
-    import paddle
-
     if sampling is None:
-        empty = paddle.zeros([0], dtype="float32")
-        return [empty, paddle.zeros([0], dtype="int64"), empty, empty, empty]
-    args = [sampling.temperature.astype("float32"), sampling.top_k.astype("int64"),
-            sampling.top_p.astype("float32"), sampling.min_p.astype("float32"), sampling.uniforms.astype("float32")]
+        return _no_sampling()
+    args = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.uniforms)
     if [int(x.shape[0]) for x in args[:4]] != [rows] * 4 or list(sampling.uniforms.shape[:2]) != [steps, rows]:
         raise ValueError(f"decoder_steps: sampling arguments for {rows} rows and {steps} steps expected, got "
                          f"{[list(x.shape) for x in args]}")
-    return [x if x.is_contiguous() else x.contiguous() for x in args]
+    return sampling_op_args(args, ("float32", "int64", "float32", "float32", "float32"))
+
+
+@functools.lru_cache(maxsize=1)
+def _no_sampling() -> list[Any]:
+    """The sampling inputs of a greedy run: empty placeholders, made once (the op does not read them)."""
+    import paddle
+
+    empty = paddle.zeros([0], dtype="float32")
+    return [empty, paddle.zeros([0], dtype="int64"), empty, empty, empty]
 
 
 def _moe_switches_on(layers: list[Any]) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 from fd_core.backends.cpu import num_threads
 from fd_x86.build import load_ops
 
-__all__ = ["enabled", "sample"]
+__all__ = ["enabled", "op_args", "sample"]
 
 
 def enabled(method: str) -> bool:
@@ -36,10 +36,19 @@ def sample(logits: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any, un
     if not enabled(method) or not isinstance(logits, paddle.Tensor) or logits.dtype != paddle.float32 \
             or len(logits.shape) != 2 or not logits.place.is_cpu_place():
         return None
-    args = [x if x.is_contiguous() else x.contiguous() for x in (logits, temperature, top_k, top_p, min_p, uniforms)]
-    if not all(x.place.is_cpu_place() for x in args[1:]):
+    if not all(x.place.is_cpu_place() for x in (temperature, top_k, top_p, min_p, uniforms)):
         return None
-    logits, temperature, top_k, top_p, min_p, uniforms = args
-    return load_ops().fd_x86_sample(logits, temperature.astype("float32"), top_k.astype("int64"),
-                                    top_p.astype("float32"), min_p.astype("float32"), uniforms.astype("float32"),
+    return load_ops().fd_x86_sample(*op_args((logits, temperature, top_k, top_p, min_p, uniforms),
+                                             ("float32", "float32", "int64", "float32", "float32", "float32")),
                                     num_threads())
+
+
+def op_args(tensors: Any, dtypes: Any) -> list[Any]:
+    """``tensors`` as the native ops take them: contiguous, of ``dtypes`` (cast or copied only where needed:
+    the sampler's own arguments already are)."""
+    out = []
+    for x, dtype in zip(tensors, dtypes, strict=True):
+        if str(x.dtype) != f"paddle.{dtype}":
+            x = x.astype(dtype)
+        out.append(x if x.is_contiguous() else x.contiguous())
+    return out
