@@ -45,18 +45,34 @@ class _Sample:
         self.longest_stop = max(map(len, self.stop), default=0)
 
     def add(self, out: EngineCoreOutput) -> bool:
-        """Append new tokens; returns True if a stop string finished it."""
-        self.token_ids.extend(out.new_token_ids)
-        if out.new_logprobs is not None:
-            self.logprobs = (self.logprobs or []) + out.new_logprobs
-            for tok, entry in zip(out.new_token_ids, out.new_logprobs):
-                self.cumulative_logprob += entry[tok].logprob
-        delta = self.detokenizer.add(out.new_token_ids)
+        """Append new tokens; returns True if a stop string finished it. Several tokens at once (multi-step
+        decoding, speculative decoding) are taken one at a time where the request has stop strings: the text
+        and the tokens end at the token that completes a stop string, as with one token a step, and the
+        tokens after it (computed before the stop was seen) are dropped."""
+        ids, logprobs = out.new_token_ids, out.new_logprobs
+        if self.stop and len(ids) > 1:
+            for i in range(len(ids)):
+                last = i == len(ids) - 1
+                if self._take(ids[i:i + 1], None if logprobs is None else logprobs[i:i + 1], out.finished and last):
+                    return True
+        elif self._take(ids, logprobs, out.finished):
+            return True
         if out.finished:
+            self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
+        return False
+
+    def _take(self, ids: list[int], logprobs: list[Any] | None, finished: bool) -> bool:
+        """Append ``ids`` (the request's last tokens when ``finished``); True if a stop string now ends it."""
+        self.token_ids.extend(ids)
+        if logprobs is not None:
+            self.logprobs = (self.logprobs or []) + logprobs
+            for tok, entry in zip(ids, logprobs):
+                self.cumulative_logprob += entry[tok].logprob
+        delta = self.detokenizer.add(ids)
+        if finished:
             delta += self.detokenizer.finish()
         start = max(0, len(self.text) - self.longest_stop + 1)
         self.text += delta
-        stopped = False
         if self.stop and delta and len(self.token_ids) >= self.min_tokens:
             hits = [(self.text.find(s, start), s) for s in self.stop]
             hits = [(pos, s) for pos, s in hits if pos >= 0]
@@ -64,10 +80,8 @@ class _Sample:
                 pos, s = min(hits)
                 self.text = self.text[: pos + len(s) if self.include_stop else pos]
                 self.finish_reason, self.stop_reason = "stop", s
-                stopped = True
-        if out.finished and not stopped:
-            self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
-        return stopped
+                return True
+        return False
 
     def take_delta(self) -> str:
         """Text not handed out yet, holding back a possible stop-string prefix."""
@@ -171,7 +185,6 @@ class OutputProcessor:
             if out.new_token_ids:
                 m.first_token_time = m.first_token_time or now
                 m.last_token_time = now
-                m.num_generation_tokens += len(out.new_token_ids)
             m.num_draft_tokens += out.num_draft_tokens
             m.num_accepted_tokens += out.num_accepted_tokens
             m.kv_transfer_bytes += out.kv_transfer_bytes
@@ -180,8 +193,10 @@ class OutputProcessor:
                 parent.prompt_logprobs = out.prompt_logprobs
             parent.num_cached_tokens = max(parent.num_cached_tokens, out.num_cached_tokens)
             parent.error = parent.error or out.error
+            before = len(sample.token_ids)
             if sample.add(out) and not out.finished:
                 to_abort.append(out.request_id)
+            m.num_generation_tokens += len(sample.token_ids) - before  # those kept (a stop string drops the rest)
             touched[parent.request_id] = parent
         results = []
         for parent in touched.values():

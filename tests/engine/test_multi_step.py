@@ -260,6 +260,41 @@ def test_seeded_sampled_requests_draw_the_same_tokens_with_multi_steps(dense, mo
     assert max(schedules) == 8
 
 
+def test_requests_with_stop_strings_multi_step_and_end_where_one_step_ends(dense, monkeypatch):
+    """Stop strings are matched on the text outside the core: a schedule's tokens are taken one at a time
+    there, and the text and tokens end at the token that completes the stop string, as with one step a
+    schedule (the core's later tokens dropped, the request aborted)."""
+    prompts = _prompts(6, seed=3)
+    plain = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    llm = LLM(str(dense), backend="cpu", max_model_len=256, num_gpu_blocks_override=96, block_size=16)
+    texts = [o.outputs[0].text for o in llm.generate([{"prompt_token_ids": p} for p in prompts], plain,
+                                                      use_tqdm=False)]
+    params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop=[t[i:i + 2]],
+                             include_stop_str_in_output=bool(i % 2))
+              for i, t in zip((3, 6, 9, 2, 12, 5), texts)]
+    params[4] = SamplingParams(max_tokens=24, temperature=0.8, seed=9, ignore_eos=True, stop=[texts[4][12:14]])
+    params[5] = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop=["\u2603 never"])
+
+    def run(**kw):
+        args = dict(backend="cpu", max_model_len=256, max_num_seqs=8, num_gpu_blocks_override=96, block_size=16)
+        args.update(kw)
+        outs = LLM(str(dense), **args).generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [(o.outputs[0].text, list(o.outputs[0].token_ids), o.outputs[0].finish_reason,
+                 o.outputs[0].stop_reason) for o in outs]
+
+    want = run()
+    assert sum(w[2] == "stop" for w in want) >= 4 and want[5][2] == "length"
+    schedules: list[int] = []
+    from fd_core.engine.scheduler import Scheduler as S
+
+    real = S.schedule
+    monkeypatch.setattr(S, "schedule", lambda self: (out := real(self), schedules.extend(
+        x.num_steps for x in out.scheduled))[0])
+    for steps in (4, 8):
+        assert run(num_scheduler_steps=steps) == want
+    assert max(schedules) == 8
+
+
 def test_requests_that_need_the_sampler_each_step_run_one_step_a_schedule(dense):
     prompts = _prompts(5, seed=1)
     params = [SamplingParams(max_tokens=12, temperature=0.8, seed=3, logit_bias={5: 2.0}, ignore_eos=True),

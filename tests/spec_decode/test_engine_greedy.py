@@ -97,7 +97,8 @@ def test_stop_string_cuts_the_text(dense):
     spec = {"method": "suffix", "num_speculative_tokens": 4}
     base = [o.outputs[0] for o in _llm(dense).generate(prompts, stop, use_tqdm=False)]
     got = [o.outputs[0] for o in _llm(dense, speculative_config=spec).generate(prompts, stop, use_tqdm=False)]
-    assert [(o.text, o.finish_reason) for o in got] == [(o.text, o.finish_reason) for o in base]
+    assert [(o.text, o.token_ids, o.finish_reason) for o in got] == [(o.text, o.token_ids, o.finish_reason)
+                                                                    for o in base]
 
 
 def test_logprobs_of_accepted_tokens_equal_no_speculation(dense, baseline):
