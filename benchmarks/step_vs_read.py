@@ -1,0 +1,159 @@
+"""A batch-1 decode step of fd-core against a replay of its weight reads, taking turns in one run.
+
+At batch 1 a decode step reads every weight it uses once. ``x86_read_pattern/read_pattern.cc`` (built here
+with g++, no paddle) replays those reads for the checkpoint's shape with no arithmetic: per layer the
+attention's weights, the dense MLP or the MoE layer's router, top-k routed experts (drawn at random) and
+shared experts, then the head, each weight one parallel region split among the threads as fd_x86's kernels
+split it, 2 MiB pages. This script loads the checkpoint with fd-core (x86, one step a schedule, greedy), then
+alternates: ``--steps`` decode steps after a 128-token prompt, then the replay of as many steps, ``--pairs``
+times. ``step / replay`` is how far the step is from the fastest any engine could read these bytes on this
+machine at that moment (the replay also prints a contiguous read of the same bytes).
+
+    python benchmarks/step_vs_read.py --checkpoint ~/.cache/fd_core/ernie21b/bf16     # the 21B (real_size.py's)
+    python benchmarks/step_vs_read.py                                                 # the 0.3B, w4a8
+    python benchmarks/step_vs_read.py --quantization wint8
+
+A model whose step reads about the size of the last-level cache or less (the mid-size MoE: ~30 MB) is read
+from the cache in part, on both sides: the comparison is for models well beyond it.
+
+Uniform quantizations only (the replay reads one width for every linear): w4a8 with a w4a8 head (int4 codes,
+an fp32 scale per 128: 0.53125 bytes a weight), wint8 or w8a8 with an int8 head (1 byte plus an fp32 scale a
+channel). Needs an x86-64 CPU with AVX-512 and g++.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from engine_overhead import checkpoint  # noqa: E402
+
+SOURCE = ROOT / "benchmarks" / "x86_read_pattern" / "read_pattern.cc"
+# quantization (as given to --quantization) -> bytes a weight in the replay
+UNIFORM = {
+    '{"quantization": "w4a8", "lm_head_quant_type": "w4a8"}': 0.5 + 4 / 128,
+    '{"quantization": "wint8", "lm_head_quant_type": "wint8"}': 1.0,
+    '{"quantization": "w8a8", "lm_head_quant_type": "w8a8"}': 1.0,
+}
+ALIASES = {"w4a8": 0, "wint8": 1, "w8a8": 2}  # shorthand -> the entry of UNIFORM
+
+
+def build(out_dir: Path) -> Path:
+    """The replay binary, rebuilt when the source is newer."""
+    binary = out_dir / "read_pattern"
+    if not binary.is_file() or binary.stat().st_mtime < SOURCE.stat().st_mtime:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["g++", "-O2", "-mavx512f", "-fopenmp", str(SOURCE), "-o", str(binary)], check=True)
+    return binary
+
+
+def shape_args(config: dict[str, Any], bytes_per_weight: float) -> list[str]:
+    """read_pattern's shape arguments for an ERNIE 4.5 config.json (dense or MoE)."""
+    layers = int(config["num_hidden_layers"])
+    experts = config.get("moe_num_experts") or 0
+    experts = experts[0] if isinstance(experts, list) else int(experts)
+    start = config.get("moe_layer_start_index", layers if not experts else 0)
+    start = start[0] if isinstance(start, list) else int(start)
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    return [str(v) for v in (
+        config["hidden_size"], layers, start if experts else layers, config["intermediate_size"],
+        config.get("moe_intermediate_size") or 0, experts, config.get("moe_k") or 0,
+        config.get("moe_num_shared_experts") or 0, heads, config.get("num_key_value_heads") or heads, head_dim,
+        config["vocab_size"], bytes_per_weight)]
+
+
+def replay(binary: Path, shape: list[str], threads: int, steps: int, placed: int) -> tuple[float, float, float]:
+    """(ms a step, ms of the contiguous read, MB a step) of one replay round."""
+    out = subprocess.run([str(binary), *shape, str(threads), "1", str(steps), str(placed)], check=True,
+                         capture_output=True, text=True).stdout
+    m = re.search(r"step bytes ([\d.]+) MB, ([\d.]+) ms .*contiguous read ([\d.]+) ms", out)
+    if m is None:
+        raise RuntimeError(f"read_pattern printed no round: {out!r}")
+    return float(m.group(2)), float(m.group(3)), float(m.group(1))
+
+
+def fd_step_ms(llm: Any, steps: int, seed: int) -> float:
+    from fd_core import SamplingParams
+
+    engine = llm.engine
+    rng = np.random.default_rng(seed)
+    engine.add_request(f"sr-{seed}-{time.monotonic_ns()}", [int(t) for t in rng.integers(100, 2000, 128)],
+                       SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True))
+    engine.step()  # the prefill and the first token
+    begin = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return (time.perf_counter() - begin) * 1e3 / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, default=None, help="an ERNIE 4.5 checkpoint directory")
+    parser.add_argument("--shape", choices=["mid-moe", "0.3b"], default="0.3b",
+                        help="the generated checkpoint when --checkpoint is not given")
+    parser.add_argument("--quantization", default="w4a8",
+                        help=f"{', '.join(ALIASES)} (with the same head), or one of {', '.join(UNIFORM)}")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None, help="the replay's threads (default: fd-core's, "
+                        "FD_CPU_NUM_THREADS or the usable cores)")
+    parser.add_argument("--placed", type=int, default=16,
+                        help="experts the replay lays out per layer (the top-k drawn among them; the bytes a step "
+                        "reads do not change; fewer keep its buffer small beside the loaded model)")
+    parser.add_argument("--build-dir", type=Path, default=Path.home() / ".cache" / "fd_core" / "read_pattern")
+    args = parser.parse_args()
+    quantization = list(UNIFORM)[ALIASES[args.quantization]] if args.quantization in ALIASES else args.quantization
+    if quantization not in UNIFORM:
+        parser.error(f"--quantization {args.quantization!r}: the replay reads one width for every linear, so only "
+                     f"{', '.join(ALIASES)} or {', '.join(UNIFORM)} are measured")
+    from fd_core.backends.cpu import num_threads
+
+    args.threads = num_threads() if args.threads is None else args.threads
+    if args.pairs < 1 or args.steps < 1 or args.threads < 1 or args.placed < 1:
+        parser.error("--pairs, --steps, --threads and --placed must be positive")
+    path = args.checkpoint if args.checkpoint is not None else checkpoint(args.shape)
+    config = json.loads((path / "config.json").read_text())
+    shape = shape_args(config, UNIFORM[quantization])
+    binary = build(args.build_dir)
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
+    print(f"CPU: {model}; {args.threads} threads; {path}; {quantization}", flush=True)
+    from fd_core import LLM
+
+    begin = time.perf_counter()
+    llm = LLM(str(path), backend="x86", quantization=json.loads(quantization), dtype="auto",
+              max_model_len=128 + args.steps + 64, max_num_seqs=1, enable_prefix_caching=False)
+    print(f"loaded in {time.perf_counter() - begin:.0f} s", flush=True)
+    fd_step_ms(llm, 4, 0)  # warm
+    ratios, fd_all, rp_all, flat_all = [], [], [], []
+    for i in range(args.pairs):
+        fd = fd_step_ms(llm, args.steps, 1 + i)
+        rp, flat, mb = replay(binary, shape, args.threads, args.steps, args.placed)
+        ratios.append(fd / rp)
+        fd_all.append(fd)
+        rp_all.append(rp)
+        flat_all.append(flat)
+        print(f"pair {i}: fd-core step {fd:.2f} ms; replay of its {mb:.1f} MB {rp:.2f} ms ({mb / rp:.1f} GB/s), "
+              f"contiguous {flat:.2f} ms; step / replay {fd / rp:.3f}", flush=True)
+    print(f"median: fd-core {statistics.median(fd_all):.2f} ms ({1e3 / statistics.median(fd_all):.1f} tok/s), "
+          f"replay {statistics.median(rp_all):.2f} ms ({1e3 / statistics.median(rp_all):.1f} steps/s), contiguous "
+          f"{statistics.median(flat_all):.2f} ms; step / replay {statistics.median(ratios):.3f} "
+          f"(range {min(ratios):.3f}-{max(ratios):.3f}); load average {open('/proc/loadavg').read().split()[:3]}")
+
+
+if __name__ == "__main__":
+    main()
