@@ -48,6 +48,7 @@ def _number(name: str, value: Any, ok: bool, expected: str) -> float:
     return float(value)
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
 MAX_N = 128  # samples per request; each is a full request in the engine
 
 
@@ -153,8 +154,9 @@ class SamplingParams:
         if self.n > MAX_N:
             raise ValueError(f"n must be <= {MAX_N} (samples per request), got {self.n}")
         t = self.temperature
-        set_(self, "temperature", _number("temperature", t, _is_number(t) and t >= 0,
-                                          "a finite number >= 0"))
+        # the samplers divide float32 logits by it: above float32's largest it would be inf there
+        set_(self, "temperature", _number("temperature", t, _is_number(t) and 0 <= t <= _FLOAT32_MAX,
+                                          f"a finite number >= 0 and <= {_FLOAT32_MAX:.4g} (float32's largest)"))
         p = self.top_p
         set_(self, "top_p", _number("top_p", p, _is_number(p) and 0 < p <= 1, "in (0, 1]"))
         k = self.top_k

@@ -66,6 +66,7 @@ BAD = [
     ("n", 0, ">= 1"), ("n", 1.5, ">= 1"), ("n", True, ">= 1"),
     ("temperature", -1.0, ">= 0"), ("temperature", float("nan"), ">= 0"),
     ("temperature", float("inf"), "finite"), ("temperature", "hot", ">= 0"),
+    ("temperature", 1e39, "float32's largest"),
     ("top_p", 0, "(0, 1]"), ("top_p", 1.5, "(0, 1]"), ("top_p", -0.1, "(0, 1]"),
     ("top_k", -5, "-1, 0 or a positive integer"), ("top_k", 2.5, "-1, 0 or a positive integer"),
     ("min_p", -0.1, "[0, 1]"), ("min_p", 1.01, "[0, 1]"),
@@ -108,7 +109,8 @@ def test_bad_values_are_named_in_the_error(field, value, expected):
 
 def test_exact_messages():
     cases = [
-        (dict(temperature=-1.0), "temperature must be a finite number >= 0, got -1.0"),
+        (dict(temperature=-1.0), "temperature must be a finite number >= 0 and <= 3.403e+38 (float32's largest), "
+                                 "got -1.0"),
         (dict(top_p=0), "top_p must be in (0, 1], got 0"),
         (dict(top_k=-5), "top_k must be -1, 0 or a positive integer, got -5"),
         (dict(min_tokens=5, max_tokens=3),
