@@ -240,16 +240,17 @@ class EngineCore:
     def _may_multi_step(self, state: SamplingState) -> bool:
         """Whether the request's decodes may run several steps in one schedule (--num-scheduler-steps):
         a request whose next token depends on nothing but the logits and its own draw (greedy, or sampled
-        with temperature / top-k / top-p / min-p; no bias, bans, penalties, min_tokens, logits processors,
-        grammar, thinking budget, logprobs or early stop), with no speculative decoding (it drafts and verifies
-        its own steps). Stop strings do not prevent it: they are matched on the text outside the core, which
+        with temperature / top-k / top-p / min-p; no bias, bad words, penalties, logits processors, grammar,
+        thinking budget, logprobs or early stop), with no speculative decoding (it drafts and verifies its own
+        steps). ``min_tokens`` bans the stop tokens only before that many outputs: the scheduler runs such a
+        request one step a schedule until then (``Scheduler._num_steps``). Stop strings do not prevent it: they are matched on the text outside the core, which
         takes a schedule's tokens one at a time and drops those after the stop (``OutputProcessor``); the core
         computed them for nothing, at most ``num_scheduler_steps - 1`` a request."""
         p = state.params
         return (self.scheduler_config.num_scheduler_steps > 1 and self.spec is None
                 and not self.sampler.logits_processors and self.sampler.early_stop is None
                 and p.guided_decoding is None and p.logprobs is None and not p.has_penalties and not p.logit_bias
-                and not p.min_tokens and not state.bad_words_token_ids and state.reasoning is None)
+                and not state.bad_words_token_ids and state.reasoning is None)
 
     def _multi_step(self, step: StepInput, scheduled: list[Any]) -> dict[str, list[int]]:
         """Run a multi-step schedule: ``scheduled[0].num_steps`` decode steps from ``step``, each request's

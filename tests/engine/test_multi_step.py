@@ -116,6 +116,19 @@ def test_a_waiting_request_is_admitted_before_more_steps_unless_no_seat_is_free(
     assert [(x.request_id, x.num_steps) for x in out.scheduled] == [("a", 4), ("b", 4)] and s.num_waiting == 1
 
 
+def test_a_request_decodes_one_step_a_schedule_until_it_has_min_tokens_outputs():
+    s = _sched(steps=4)
+    a = _add(s, "a", min_tokens=3)
+    _prefill(s)  # output 1 of 3
+    for want in (1, 1):  # before 3 outputs the sampler bans the stop tokens each step: one step
+        out = s.schedule()
+        assert [x.num_steps for x in out.scheduled] == [want]
+        s.update_from_output(out, {"a": [7]})
+    assert a.num_output_tokens == 3
+    out = s.schedule()
+    assert [x.num_steps for x in out.scheduled] == [4]
+
+
 def test_too_few_free_blocks_make_one_step_and_preempt_nobody():
     s = _sched(steps=8, num_blocks=6, block_size=4)  # 5 usable blocks
     a, b = _add(s, "a", prompt=7, max_tokens=10), _add(s, "b", prompt=7, max_tokens=10)  # 2 blocks each
@@ -293,6 +306,31 @@ def test_requests_with_stop_strings_multi_step_and_end_where_one_step_ends(dense
     for steps in (4, 8):
         assert run(num_scheduler_steps=steps) == want
     assert max(schedules) == 8
+
+
+def test_min_tokens_requests_give_the_tokens_of_one_step_a_schedule(dense, monkeypatch):
+    """Their stop tokens are banned before min_tokens outputs: one step a schedule until then, then several.
+    Each greedy request's stop token is the one it first emits at output min_tokens, so one step a schedule
+    ends it right there, and a ban held a step too long would not."""
+    prompts = _prompts(6, seed=6)
+    plain, _ = _generate(dense, prompts, [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)] * 6)
+    params = []
+    for i, s in enumerate(plain[:5]):
+        m = next(j for j in range(3 + i, len(s)) if s[j] not in s[:j])  # a token new at output m
+        params.append(SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, stop_token_ids=[s[m]],
+                                     min_tokens=m))
+    params.append(SamplingParams(max_tokens=20, temperature=0.9, seed=11, min_tokens=6))
+    want = _generate(dense, prompts, params)
+    assert [len(w) for w in want[0][:5]] == [p.min_tokens + 1 for p in params[:5]]
+    schedules: list[int] = []
+    from fd_core.engine.scheduler import Scheduler as S
+
+    real = S.schedule
+    monkeypatch.setattr(S, "schedule", lambda self: (out := real(self), schedules.extend(
+        x.num_steps for x in out.scheduled))[0])
+    for steps in (3, 8):
+        assert _generate(dense, prompts, params, num_scheduler_steps=steps) == want
+    assert max(schedules) > 1
 
 
 def test_requests_that_need_the_sampler_each_step_run_one_step_a_schedule(dense):
