@@ -219,6 +219,17 @@ def _generate(model, prompts, params, **kw) -> tuple[list[list[int]], list[str |
     return [list(o.outputs[0].token_ids) for o in outs], [o.outputs[0].finish_reason for o in outs]
 
 
+def _record_schedules(monkeypatch) -> list[int]:
+    """The step counts of every scheduled request, appended as schedules are made."""
+    from fd_core.engine.scheduler import Scheduler as S
+
+    schedules: list[int] = []
+    real = S.schedule
+    monkeypatch.setattr(S, "schedule", lambda self: (out := real(self), schedules.extend(
+        x.num_steps for x in out.scheduled))[0])
+    return schedules
+
+
 @pytest.fixture(scope="module")
 def dense(checkpoint_factory):
     return checkpoint_factory("tiny-dense", "pytorch")
@@ -232,12 +243,7 @@ def test_the_engine_gives_the_same_tokens_with_multi_steps(dense, monkeypatch):
     # a stop token each request meets a few tokens in, from the one-step run
     stops = [SamplingParams(max_tokens=30, temperature=0, stop_token_ids=[w[min(3, len(w) - 1)]]) for w in want]
     want_stop, reasons = _generate(dense, prompts, stops)
-    schedules: list[int] = []
-    from fd_core.engine.scheduler import Scheduler as S
-
-    real = S.schedule
-    monkeypatch.setattr(S, "schedule", lambda self: (out := real(self), schedules.extend(
-        x.num_steps for x in out.scheduled))[0])
+    schedules = _record_schedules(monkeypatch)
     for steps in (2, 5):
         assert _generate(dense, prompts, params, num_scheduler_steps=steps)[0] == want
         assert _generate(dense, prompts, stops, num_scheduler_steps=steps) == (want_stop, reasons)
@@ -260,12 +266,7 @@ def test_seeded_sampled_requests_draw_the_same_tokens_with_multi_steps(dense, mo
               SamplingParams(max_tokens=14, temperature=1.0, seed=7, ignore_eos=True)]
     want = _generate(dense, prompts, params)
     assert len({tuple(w) for w in want[0]}) == len(prompts)
-    schedules: list[int] = []
-    from fd_core.engine.scheduler import Scheduler as S
-
-    real = S.schedule
-    monkeypatch.setattr(S, "schedule", lambda self: (out := real(self), schedules.extend(
-        x.num_steps for x in out.scheduled))[0])
+    schedules = _record_schedules(monkeypatch)
     for steps in (3, 8):
         assert _generate(dense, prompts, params, num_scheduler_steps=steps) == want
         assert _generate(dense, prompts, params, num_scheduler_steps=steps, num_gpu_blocks_override=12,
@@ -297,12 +298,7 @@ def test_requests_with_stop_strings_multi_step_and_end_where_one_step_ends(dense
 
     want = run()
     assert sum(w[2] == "stop" for w in want) >= 4 and want[5][2] == "length"
-    schedules: list[int] = []
-    from fd_core.engine.scheduler import Scheduler as S
-
-    real = S.schedule
-    monkeypatch.setattr(S, "schedule", lambda self: (out := real(self), schedules.extend(
-        x.num_steps for x in out.scheduled))[0])
+    schedules = _record_schedules(monkeypatch)
     for steps in (4, 8):
         assert run(num_scheduler_steps=steps) == want
     assert max(schedules) == 8
@@ -322,12 +318,7 @@ def test_min_tokens_requests_give_the_tokens_of_one_step_a_schedule(dense, monke
     params.append(SamplingParams(max_tokens=20, temperature=0.9, seed=11, min_tokens=6))
     want = _generate(dense, prompts, params)
     assert [len(w) for w in want[0][:5]] == [p.min_tokens + 1 for p in params[:5]]
-    schedules: list[int] = []
-    from fd_core.engine.scheduler import Scheduler as S
-
-    real = S.schedule
-    monkeypatch.setattr(S, "schedule", lambda self: (out := real(self), schedules.extend(
-        x.num_steps for x in out.scheduled))[0])
+    schedules = _record_schedules(monkeypatch)
     for steps in (3, 8):
         assert _generate(dense, prompts, params, num_scheduler_steps=steps) == want
     assert max(schedules) > 1
