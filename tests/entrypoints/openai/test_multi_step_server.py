@@ -1,6 +1,6 @@
 """The server over an engine with ``--num-scheduler-steps 4``: completions and chats, streamed or not, give the
 text and usage of the one-step engine (the session's), several tokens a streamed chunk, and requests that need
-the sampler each step (sampling, logprobs, stop strings) beside greedy ones."""
+the sampler each step (logprobs) beside greedy, sampled and stop-string ones."""
 
 from __future__ import annotations
 
@@ -85,3 +85,22 @@ async def test_concurrent_requests_mixing_greedy_and_sampled(http, multi_http):
     got = [r.json()["choices"][0]["text"] for r in await asyncio.gather(
         *(_post(multi_http, "/v1/completions", **b) for b in bodies))]
     assert got == want
+
+
+@pytest.mark.parametrize("include", [False, True])
+async def test_streamed_stop_strings_end_where_the_one_step_engine_ends(http, multi_http, include):
+    """A stop string met inside a schedule of 4 tokens: the stream ends at it, with the one-step engine's
+    text, finish reason and usage (the tokens after it are not streamed or counted)."""
+    plain = (await _post(http, "/v1/completions", prompt="a stop inside", max_tokens=24, **GREEDY)).json()
+    text = plain["choices"][0]["text"]
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    body = {"prompt": "a stop inside", "max_tokens": 24, "stop": [stop], "include_stop_str_in_output": include,
+            "stream": True, "stream_options": {"include_usage": True}, **GREEDY}
+    got = []
+    for client in (http, multi_http):
+        events = sse_events((await _post(client, "/v1/completions", **body)).text)
+        got.append(("".join(c.get("text") or "" for e in events[:-1] for c in e["choices"]),
+                    [c["finish_reason"] for e in events[:-1] for c in e["choices"] if c.get("finish_reason")],
+                    next(e["usage"] for e in events[:-1] if e.get("usage"))))
+    assert got[1] == got[0] and got[0][1] == ["stop"] and got[0][2]["completion_tokens"] < 24
+    assert got[0][0].endswith(stop) == include
