@@ -12,13 +12,16 @@ machine at that moment (the replay also prints a contiguous read of the same byt
     python benchmarks/step_vs_read.py --checkpoint ~/.cache/fd_core/ernie21b/bf16     # the 21B (real_size.py's)
     python benchmarks/step_vs_read.py                                                 # the 0.3B, w4a8
     python benchmarks/step_vs_read.py --quantization wint8
+    python benchmarks/step_vs_read.py --checkpoint ~/.cache/fd_core/ernie21b/bf16 --quantization wint4
 
 A model whose step reads about the size of the last-level cache or less (the mid-size MoE: ~30 MB) is read
 from the cache in part, on both sides: the comparison is for models well beyond it.
 
-Uniform quantizations only (the replay reads one width for every linear): w4a8 with a w4a8 head (int4 codes,
-an fp32 scale per 128: 0.53125 bytes a weight), wint8 or w8a8 with an int8 head (1 byte plus an fp32 scale a
-channel). Needs an x86-64 CPU with AVX-512 and g++.
+``--quantization``: w4a8 with a w4a8 head (int4 codes, an fp32 scale per 128: 0.53125 bytes a weight
+everywhere), wint8 or w8a8 with an int8 head (1 byte plus an fp32 scale a channel: ~1), or ``wint4``,
+FastDeploy's rule on ERNIE MoE models (routed experts int4, the attention, dense and shared-expert linears
+int8, the head float: 2 bytes a weight for a bf16 / fp16 checkpoint under ``--dtype auto``, 4 for fp32). Needs
+an x86-64 CPU with AVX-512 and g++.
 """
 
 from __future__ import annotations
@@ -42,13 +45,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from engine_overhead import checkpoint  # noqa: E402
 
 SOURCE = ROOT / "benchmarks" / "x86_read_pattern" / "read_pattern.cc"
-# quantization (as given to --quantization) -> bytes a weight in the replay
-UNIFORM = {
-    '{"quantization": "w4a8", "lm_head_quant_type": "w4a8"}': 0.5 + 4 / 128,
-    '{"quantization": "wint8", "lm_head_quant_type": "wint8"}': 1.0,
-    '{"quantization": "w8a8", "lm_head_quant_type": "w8a8"}': 1.0,
+INT4 = 0.5 + 4 / 128  # int4 codes and an fp32 scale per group of 128
+INT8 = 1.0  # int8 codes (an fp32 scale per channel: ~0.1% more at these widths)
+# --quantization -> (fd-core's --quantization, bytes a weight: the linears, the routed experts, the head; None:
+# the head float, as the checkpoint's dtype)
+CONFIGS: dict[str, tuple[Any, float, float, float | None]] = {
+    "w4a8": ({"quantization": "w4a8", "lm_head_quant_type": "w4a8"}, INT4, INT4, INT4),
+    "wint8": ({"quantization": "wint8", "lm_head_quant_type": "wint8"}, INT8, INT8, INT8),
+    "w8a8": ({"quantization": "w8a8", "lm_head_quant_type": "w8a8"}, INT8, INT8, INT8),
+    "wint4": ("wint4", INT8, INT4, None),
 }
-ALIASES = {"w4a8": 0, "wint8": 1, "w8a8": 2}  # shorthand -> the entry of UNIFORM
+FLOAT_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0}
 
 
 def build(out_dir: Path) -> Path:
@@ -61,7 +68,8 @@ def build(out_dir: Path) -> Path:
 
 
 def shape_args(config: dict[str, Any], bytes_per_weight: float) -> list[str]:
-    """read_pattern's shape arguments for an ERNIE 4.5 config.json (dense or MoE)."""
+    """read_pattern's shape arguments for an ERNIE 4.5 config.json (dense or MoE), the linears at
+    ``bytes_per_weight``."""
     layers = int(config["num_hidden_layers"])
     experts = config.get("moe_num_experts") or 0
     experts = experts[0] if isinstance(experts, list) else int(experts)
@@ -76,9 +84,26 @@ def shape_args(config: dict[str, Any], bytes_per_weight: float) -> list[str]:
         config["vocab_size"], bytes_per_weight)]
 
 
-def replay(binary: Path, shape: list[str], threads: int, steps: int, placed: int) -> tuple[float, float, float]:
-    """(ms a step, ms of the contiguous read, MB a step) of one replay round."""
-    out = subprocess.run([str(binary), *shape, str(threads), "1", str(steps), str(placed)], check=True,
+def widths(name: str, config: dict[str, Any]) -> tuple[Any, float, float, float]:
+    """fd-core's quantization and the replay's bytes a weight (linears, routed experts, head) for
+    ``--quantization name``; a float head takes the checkpoint's dtype (``torch_dtype``)."""
+    quantization, linears, experts, head = CONFIGS[name]
+    if head is None:
+        dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+        if dtype not in FLOAT_BYTES:
+            raise ValueError(f"--quantization {name}: the float head's dtype {dtype!r} is not one of "
+                             f"{', '.join(FLOAT_BYTES)}")
+        head = FLOAT_BYTES[dtype]
+    return quantization, linears, experts, head
+
+
+def replay(binary: Path, shape: list[str], threads: int, steps: int, placed: int, experts: float | None = None,
+           head: float | None = None) -> tuple[float, float, float]:
+    """(ms a step, ms of the contiguous read, MB a step) of one replay round; ``experts`` / ``head``: their
+    bytes a weight where they differ from the linears'."""
+    width = shape[-1]
+    extra = [str(experts if experts is not None else width), str(head if head is not None else width)]
+    out = subprocess.run([str(binary), *shape, str(threads), "1", str(steps), str(placed), *extra], check=True,
                          capture_output=True, text=True).stdout
     m = re.search(r"step bytes ([\d.]+) MB, ([\d.]+) ms .*contiguous read ([\d.]+) ms", out)
     if m is None:
@@ -105,8 +130,8 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, default=None, help="an ERNIE 4.5 checkpoint directory")
     parser.add_argument("--shape", choices=["mid-moe", "0.3b"], default="0.3b",
                         help="the generated checkpoint when --checkpoint is not given")
-    parser.add_argument("--quantization", default="w4a8",
-                        help=f"{', '.join(ALIASES)} (with the same head), or one of {', '.join(UNIFORM)}")
+    parser.add_argument("--quantization", default="w4a8", choices=list(CONFIGS),
+                        help="w4a8, wint8, w8a8 (each with the same head) or wint4 (FastDeploy's rule)")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None, help="the replay's threads (default: fd-core's, "
@@ -116,10 +141,6 @@ def main() -> None:
                         "reads do not change; fewer keep its buffer small beside the loaded model)")
     parser.add_argument("--build-dir", type=Path, default=Path.home() / ".cache" / "fd_core" / "read_pattern")
     args = parser.parse_args()
-    quantization = list(UNIFORM)[ALIASES[args.quantization]] if args.quantization in ALIASES else args.quantization
-    if quantization not in UNIFORM:
-        parser.error(f"--quantization {args.quantization!r}: the replay reads one width for every linear, so only "
-                     f"{', '.join(ALIASES)} or {', '.join(UNIFORM)} are measured")
     from fd_core.backends.cpu import num_threads
 
     args.threads = num_threads() if args.threads is None else args.threads
@@ -127,7 +148,11 @@ def main() -> None:
         parser.error("--pairs, --steps, --threads and --placed must be positive")
     path = args.checkpoint if args.checkpoint is not None else checkpoint(args.shape)
     config = json.loads((path / "config.json").read_text())
-    shape = shape_args(config, UNIFORM[quantization])
+    try:
+        quantization, linears, experts, head = widths(args.quantization, config)
+    except ValueError as e:
+        parser.error(str(e))
+    shape = shape_args(config, linears)
     binary = build(args.build_dir)
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
@@ -135,14 +160,14 @@ def main() -> None:
     from fd_core import LLM
 
     begin = time.perf_counter()
-    llm = LLM(str(path), backend="x86", quantization=json.loads(quantization), dtype="auto",
+    llm = LLM(str(path), backend="x86", quantization=quantization, dtype="auto",
               max_model_len=128 + args.steps + 64, max_num_seqs=1, enable_prefix_caching=False)
     print(f"loaded in {time.perf_counter() - begin:.0f} s", flush=True)
     fd_step_ms(llm, 4, 0)  # warm
     ratios, fd_all, rp_all, flat_all = [], [], [], []
     for i in range(args.pairs):
         fd = fd_step_ms(llm, args.steps, 1 + i)
-        rp, flat, mb = replay(binary, shape, args.threads, args.steps, args.placed)
+        rp, flat, mb = replay(binary, shape, args.threads, args.steps, args.placed, experts, head)
         ratios.append(fd / rp)
         fd_all.append(fd)
         rp_all.append(rp)

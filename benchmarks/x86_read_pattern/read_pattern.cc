@@ -6,11 +6,13 @@
 // per round the step's bytes, ms and GB/s, and a contiguous read of as many bytes in the same buffer.
 //
 //   read_pattern HIDDEN LAYERS FIRST_MOE INTER MOE_INTER EXPERTS TOP_K SHARED HEADS KV_HEADS HEAD_DIM VOCAB
-//                BYTES_PER_WEIGHT [THREADS=2] [ROUNDS=5] [STEPS=8] [PLACED=EXPERTS]
+//                BYTES_PER_WEIGHT [THREADS=2] [ROUNDS=5] [STEPS=8] [PLACED=EXPERTS] [EXPERT_BYTES] [HEAD_BYTES]
 // (FIRST_MOE: the first MoE layer; >= LAYERS for a dense model. BYTES_PER_WEIGHT: codes and scales, e.g.
 // 0.53125 for int4 with an fp32 scale per 128 weights, 1.0039 for int8 with fp32 per-channel scales at K=1024.
 // PLACED: experts laid out per layer, the top-k drawn among them: fewer than EXPERTS keeps the buffer small
-// beside a loaded model; a step reads the same bytes either way.)
+// beside a loaded model; a step reads the same bytes either way. EXPERT_BYTES / HEAD_BYTES: bytes a weight
+// of the routed experts / of the head where they differ from the other linears' (FastDeploy's wint4 rule:
+// experts int4, the attention, dense and shared-expert linears int8, the head bf16).)
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
@@ -44,7 +46,8 @@ size_t lines(double bytes) { return (static_cast<size_t>(bytes) + 63) / 64 * 64;
 int main(int argc, char** argv) {
   if (argc < 14) {
     std::fprintf(stderr, "usage: %s HIDDEN LAYERS FIRST_MOE INTER MOE_INTER EXPERTS TOP_K SHARED HEADS KV_HEADS "
-                 "HEAD_DIM VOCAB BYTES_PER_WEIGHT [THREADS] [ROUNDS] [STEPS] [PLACED]\n", argv[0]);
+                 "HEAD_DIM VOCAB BYTES_PER_WEIGHT [THREADS] [ROUNDS] [STEPS] [PLACED] [EXPERT_BYTES] [HEAD_BYTES]\n",
+                 argv[0]);
     return 2;
   }
   const size_t D = atol(argv[1]), L = atol(argv[2]), first_moe = atol(argv[3]), I = atol(argv[4]),
@@ -54,6 +57,7 @@ int main(int argc, char** argv) {
   const int threads = argc > 14 ? atoi(argv[14]) : 2, rounds = argc > 15 ? atoi(argv[15]) : 5,
             steps = argc > 16 ? atoi(argv[16]) : 8;
   const size_t placed = std::max(K, std::min(E, argc > 17 ? size_t(atol(argv[17])) : E));
+  const double expert_bpw = argc > 18 ? atof(argv[18]) : bpw, head_bpw = argc > 19 ? atof(argv[19]) : bpw;
   // the model's weights, laid out one after another as a loader would place them
   size_t at = 0;
   auto place = [&](double bytes) { Weight w{at, lines(bytes)}; at += w.bytes; return w; };
@@ -71,15 +75,15 @@ int main(int argc, char** argv) {
       y.down = place(double(I) * D * bpw);
     } else {
       y.router = place(double(D) * E * 4);  // fp32
-      for (size_t e = 0; e < placed; ++e) y.e_up.push_back(place(2.0 * D * Im * bpw));
-      for (size_t e = 0; e < placed; ++e) y.e_down.push_back(place(double(Im) * D * bpw));
+      for (size_t e = 0; e < placed; ++e) y.e_up.push_back(place(2.0 * D * Im * expert_bpw));
+      for (size_t e = 0; e < placed; ++e) y.e_down.push_back(place(double(Im) * D * expert_bpw));
       if (S) {
         y.sh_up = place(2.0 * D * Im * S * bpw);
         y.sh_down = place(double(Im) * S * D * bpw);
       }
     }
   }
-  const Weight head = place(double(V) * D * bpw);
+  const Weight head = place(double(V) * D * head_bpw);
   const size_t huge = size_t(2) << 20, total = (at + huge - 1) / huge * huge;
   char* raw = static_cast<char*>(mmap(nullptr, total + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   if (raw == MAP_FAILED) {

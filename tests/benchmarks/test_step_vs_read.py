@@ -1,5 +1,5 @@
-"""benchmarks/step_vs_read.py: the replay's shape from a config, its bytes against the model's, and the
-quantizations it cannot replay refused by name."""
+"""benchmarks/step_vs_read.py: the replay's shape and widths from a config, its bytes against the model's,
+and the quantizations it does not replay refused by name."""
 
 from __future__ import annotations
 
@@ -35,23 +35,37 @@ def _avx512() -> bool:
         return False
 
 
+def test_widths_of_each_quantization():
+    assert script.widths("w4a8", MOE)[1:] == (0.53125, 0.53125, 0.53125)
+    assert script.widths("wint8", MOE)[1:] == (1.0, 1.0, 1.0)
+    # FastDeploy's rule: experts int4, the other linears int8, the head float in the checkpoint's dtype
+    assert script.widths("wint4", MOE | {"torch_dtype": "bfloat16"}) == ("wint4", 1.0, 0.53125, 2.0)
+    assert script.widths("wint4", MOE | {"torch_dtype": "float32"})[3] == 4.0
+    with pytest.raises(ValueError, match="'float8'"):
+        script.widths("wint4", MOE | {"torch_dtype": "float8"})
+
+
 @pytest.mark.skipif(shutil.which("g++") is None or not _avx512(), reason="needs g++ and an AVX-512 CPU")
 def test_the_replay_reads_the_bytes_of_a_step(tmp_path):
     binary = script.build(tmp_path)
-    ms, flat, mb = script.replay(binary, script.shape_args(MOE, 0.5), 2, 2, 4)
     d, a, kv, i, im, k, s, v = 256, 4 * 64, 2 * 64, 512, 128, 2, 1, 1000
-    attention = d * (a + 2 * kv) * 0.5 + a * d * 0.5
-    dense = 3 * d * i * 0.5
-    moe = d * 8 * 4 + (k + s) * 3 * d * im * 0.5  # router (fp32), top-k and shared experts
-    head = v * d * 0.5
-    assert mb == pytest.approx((3 * attention + dense + 2 * moe + head) / 1e6, rel=0.01)
-    assert ms > 0 and flat > 0
+
+    def step_mb(linear: float, expert: float, head: float) -> float:
+        attention = d * (a + 2 * kv) * linear + a * d * linear
+        dense = 3 * d * i * linear
+        moe = d * 8 * 4 + k * 3 * d * im * expert + s * 3 * d * im * linear  # router (fp32), top-k, shared
+        return (3 * attention + dense + 2 * moe + v * d * head) / 1e6
+
+    ms, flat, mb = script.replay(binary, script.shape_args(MOE, 0.5), 2, 2, 4)
+    assert mb == pytest.approx(step_mb(0.5, 0.5, 0.5), rel=0.01) and ms > 0 and flat > 0
+    _, _, mb = script.replay(binary, script.shape_args(MOE, 1.0), 2, 2, 4, experts=0.53125, head=2.0)
+    assert mb == pytest.approx(step_mb(1.0, 0.53125, 2.0), rel=0.01)
     bad = subprocess.run([str(binary), "1"], capture_output=True, text=True)
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
-def test_quantizations_it_cannot_replay_are_refused_by_name(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["step_vs_read.py", "--quantization", "wint4"])
+def test_quantizations_it_does_not_replay_are_refused_by_name(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["step_vs_read.py", "--quantization", "mix_quant"])
     with pytest.raises(SystemExit):
         script.main()
-    assert "--quantization 'wint4'" in capsys.readouterr().err
+    assert "'mix_quant'" in capsys.readouterr().err
