@@ -69,12 +69,19 @@ def build(out_dir: Path) -> Path:
 
 def shape_args(config: dict[str, Any], bytes_per_weight: float) -> list[str]:
     """read_pattern's shape arguments for an ERNIE 4.5 config.json (dense or MoE), the linears at
-    ``bytes_per_weight``."""
+    ``bytes_per_weight``. The replay puts the MoE layers from ``moe_layer_start_index`` to the last; a
+    config with MoE layers otherwise placed (an interval, an earlier end) is refused (ValueError)."""
     layers = int(config["num_hidden_layers"])
     experts = config.get("moe_num_experts") or 0
     experts = experts[0] if isinstance(experts, list) else int(experts)
     start = config.get("moe_layer_start_index", layers if not experts else 0)
     start = start[0] if isinstance(start, list) else int(start)
+    end = config.get("moe_layer_end_index", -1)
+    end = end[0] if isinstance(end, list) else int(end)
+    interval = int(config.get("moe_layer_interval", 1) or 1)
+    if experts and (interval != 1 or end not in (-1, layers - 1)):
+        raise ValueError(f"MoE layers every {interval} up to layer {end}: the replay takes every layer from "
+                         f"moe_layer_start_index to the last (interval 1, end -1 or {layers - 1})")
     heads = int(config["num_attention_heads"])
     head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
     return [str(v) for v in (
@@ -84,17 +91,16 @@ def shape_args(config: dict[str, Any], bytes_per_weight: float) -> list[str]:
         config["vocab_size"], bytes_per_weight)]
 
 
-def widths(name: str, config: dict[str, Any]) -> tuple[Any, float, float, float]:
-    """fd-core's quantization and the replay's bytes a weight (linears, routed experts, head) for
-    ``--quantization name``; a float head takes the checkpoint's dtype (``torch_dtype``)."""
-    quantization, linears, experts, head = CONFIGS[name]
+def widths(name: str, dtype: str) -> tuple[float, float, float]:
+    """The replay's bytes a weight (linears, routed experts, head) for ``--quantization name``; a float head
+    is in ``dtype``, the weights' dtype the engine chose (``ModelRunner.dtype``)."""
+    _, linears, experts, head = CONFIGS[name]
     if head is None:
-        dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
         if dtype not in FLOAT_BYTES:
             raise ValueError(f"--quantization {name}: the float head's dtype {dtype!r} is not one of "
                              f"{', '.join(FLOAT_BYTES)}")
         head = FLOAT_BYTES[dtype]
-    return quantization, linears, experts, head
+    return linears, experts, head
 
 
 def replay(binary: Path, shape: list[str], threads: int, steps: int, placed: int, experts: float | None = None,
@@ -149,10 +155,10 @@ def main() -> None:
     path = args.checkpoint if args.checkpoint is not None else checkpoint(args.shape)
     config = json.loads((path / "config.json").read_text())
     try:
-        quantization, linears, experts, head = widths(args.quantization, config)
+        shape_args(config, 1.0)
     except ValueError as e:
-        parser.error(str(e))
-    shape = shape_args(config, linears)
+        parser.error(f"{path}: {e}")
+    quantization = CONFIGS[args.quantization][0]
     binary = build(args.build_dir)
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
@@ -162,7 +168,11 @@ def main() -> None:
     begin = time.perf_counter()
     llm = LLM(str(path), backend="x86", quantization=quantization, dtype="auto",
               max_model_len=128 + args.steps + 64, max_num_seqs=1, enable_prefix_caching=False)
-    print(f"loaded in {time.perf_counter() - begin:.0f} s", flush=True)
+    dtype = llm.engine.core.runner.dtype
+    linears, experts, head = widths(args.quantization, dtype)
+    shape = shape_args(config, linears)
+    print(f"loaded in {time.perf_counter() - begin:.0f} s; weights {dtype}; replay bytes a weight: linears "
+          f"{linears:g}, routed experts {experts:g}, head {head:g}", flush=True)
     fd_step_ms(llm, 4, 0)  # warm
     ratios, fd_all, rp_all, flat_all = [], [], [], []
     for i in range(args.pairs):

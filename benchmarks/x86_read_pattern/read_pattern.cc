@@ -56,7 +56,12 @@ int main(int argc, char** argv) {
   const double bpw = atof(argv[13]);
   const int threads = argc > 14 ? atoi(argv[14]) : 2, rounds = argc > 15 ? atoi(argv[15]) : 5,
             steps = argc > 16 ? atoi(argv[16]) : 8;
-  const size_t placed = std::max(K, std::min(E, argc > 17 ? size_t(atol(argv[17])) : E));
+  const long placed_arg = argc > 17 ? atol(argv[17]) : long(E);
+  if (threads < 1 || rounds < 1 || steps < 1 || placed_arg < 1 || bpw <= 0) {
+    std::fprintf(stderr, "THREADS, ROUNDS, STEPS and PLACED must be >= 1 and BYTES_PER_WEIGHT > 0\n");
+    return 2;
+  }
+  const size_t placed = std::max(K, std::min(E, size_t(placed_arg)));
   const double expert_bpw = argc > 18 ? atof(argv[18]) : bpw, head_bpw = argc > 19 ? atof(argv[19]) : bpw;
   // the model's weights, laid out one after another as a loader would place them
   size_t at = 0;
@@ -94,7 +99,7 @@ int main(int argc, char** argv) {
   madvise(buf, total, MADV_HUGEPAGE);
   for (size_t i = 0; i < total; i += 4096) buf[i] = 1;
   std::mt19937 rng(0);
-  volatile int sink = 0;
+  long long sink = 0;  // the loads' sum, printed: nothing is optimized away
   auto region = [&](const std::vector<Weight>& ws) {  // one parallel region: each thread its share of each weight
 #pragma omp parallel num_threads(threads)
     {
@@ -104,7 +109,9 @@ int main(int argc, char** argv) {
         const size_t rows = w.bytes / 64, lo = rows * t / n * 64, hi = rows * (t + 1) / n * 64;
         acc = read(buf + w.offset + lo, hi - lo, acc);
       }
-      sink = sink + _mm512_reduce_add_epi32(acc);
+      const int part = _mm512_reduce_add_epi32(acc);
+#pragma omp atomic
+      sink += part;
     }
   };
   size_t step_bytes = 0;
@@ -151,5 +158,6 @@ int main(int argc, char** argv) {
                 step_bytes / 1e6, ms, step_bytes / ms / 1e6, flat_ms, step_bytes / flat_ms / 1e6);
     std::fflush(stdout);
   }
+  std::printf("(checksum %lld)\n", sink);
   return 0;
 }

@@ -186,7 +186,6 @@ class OutputProcessor:
                 m.first_token_time = m.first_token_time or now
                 m.last_token_time = now
             m.num_draft_tokens += out.num_draft_tokens
-            m.num_accepted_tokens += out.num_accepted_tokens
             m.kv_transfer_bytes += out.kv_transfer_bytes
             m.kv_transfer_seconds += out.kv_transfer_seconds
             if out.prompt_logprobs is not None:
@@ -196,7 +195,10 @@ class OutputProcessor:
             before = len(sample.token_ids)
             if sample.add(out) and not out.finished:
                 to_abort.append(out.request_id)
-            m.num_generation_tokens += len(sample.token_ids) - before  # those kept (a stop string drops the rest)
+            kept = len(sample.token_ids) - before  # a stop string drops the tokens after it
+            m.num_generation_tokens += kept
+            # a verify step's tokens are its accepted drafts, then the target's own token: those kept
+            m.num_accepted_tokens += min(out.num_accepted_tokens, kept)
             touched[parent.request_id] = parent
         results = []
         for parent in touched.values():

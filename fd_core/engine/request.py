@@ -121,6 +121,9 @@ class Request:
         self.min_tokens: int = sp.min_tokens if sp is not None else 0
         self.ignore_eos: bool = sp.ignore_eos if sp is not None else False
         self.stop_token_ids = frozenset(sp.stop_token_ids or ()) if sp is not None else frozenset()
+        # min_tokens bans something before that many outputs (the sampler's rule: stop_token_ids, and the
+        # EOS ids unless ignore_eos): such a request decodes one step a schedule until then
+        self.min_tokens_bans: bool = bool(self.stop_token_ids) or (not self.ignore_eos and bool(self.eos_token_ids))
         # prompt logprobs need the logits of every prompt position: a prefix-cache hit
         # would skip computing them (the request's own blocks are still cached for others)
         self.skip_prefix_cache: bool = sp is not None and getattr(sp, "prompt_logprobs", None) is not None

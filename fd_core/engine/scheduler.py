@@ -411,9 +411,9 @@ class Scheduler:
 
     def _num_steps(self, drafts_of: Mapping[str, list[int]]) -> int:
         """Forward steps for this schedule's decodes (multi-step decoding), 1 for a usual step: more only
-        when every running request decodes and may (and has its ``min_tokens`` outputs: before them the
-        sampler bans its stop tokens each step), nobody waiting could be admitted, and the free blocks hold
-        every step's slot; cut so no request passes its max_tokens or max_model_len."""
+        when every running request decodes and may (and has its ``min_tokens`` outputs where that bans
+        something: before them the sampler bans its stop tokens each step), nobody waiting could be admitted,
+        and the free blocks hold every step's slot; cut so no request passes its max_tokens or max_model_len."""
         steps = self.config.num_scheduler_steps
         running = self.running
         if steps <= 1 or not running or drafts_of or (self.waiting and len(running) < self.config.max_num_seqs):
@@ -421,7 +421,7 @@ class Scheduler:
         steps = min(steps, self.config.max_num_batched_tokens // len(running))
         for req in running:
             if (not req.multi_step or req.num_computed_tokens != req.num_tokens - 1
-                    or req.num_output_tokens < req.min_tokens):
+                    or (req.num_output_tokens < req.min_tokens and req.min_tokens_bans)):
                 return 1
             steps = min(steps, self.config.max_model_len - req.num_tokens)
             if req.max_tokens is not None:

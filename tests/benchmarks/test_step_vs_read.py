@@ -26,6 +26,10 @@ def test_shape_arguments_of_dense_and_moe_configs():
     assert script.shape_args(dense, 1.0) == [str(v) for v in (256, 3, 3, 512, 0, 0, 0, 0, 4, 2, 64, 1000, 1.0)]
     listed = MOE | {"moe_num_experts": [8, 8], "moe_layer_start_index": [1, 1]}  # the VL model's lists
     assert script.shape_args(listed, 0.5) == script.shape_args(MOE, 0.5)
+    assert script.shape_args(MOE | {"moe_layer_end_index": 2}, 0.5) == script.shape_args(MOE, 0.5)
+    for other in ({"moe_layer_interval": 2}, {"moe_layer_end_index": 1}):  # MoE layers the replay would misplace
+        with pytest.raises(ValueError, match="interval 1, end -1 or 2"):
+            script.shape_args(MOE | other, 0.5)
 
 
 def _avx512() -> bool:
@@ -36,13 +40,13 @@ def _avx512() -> bool:
 
 
 def test_widths_of_each_quantization():
-    assert script.widths("w4a8", MOE)[1:] == (0.53125, 0.53125, 0.53125)
-    assert script.widths("wint8", MOE)[1:] == (1.0, 1.0, 1.0)
-    # FastDeploy's rule: experts int4, the other linears int8, the head float in the checkpoint's dtype
-    assert script.widths("wint4", MOE | {"torch_dtype": "bfloat16"}) == ("wint4", 1.0, 0.53125, 2.0)
-    assert script.widths("wint4", MOE | {"torch_dtype": "float32"})[3] == 4.0
+    assert script.widths("w4a8", "bfloat16") == (0.53125, 0.53125, 0.53125)
+    assert script.widths("wint8", "float32") == (1.0, 1.0, 1.0)
+    # FastDeploy's rule: experts int4, the other linears int8, the head float in the engine's weight dtype
+    assert script.widths("wint4", "bfloat16") == (1.0, 0.53125, 2.0)
+    assert script.widths("wint4", "float32")[2] == 4.0
     with pytest.raises(ValueError, match="'float8'"):
-        script.widths("wint4", MOE | {"torch_dtype": "float8"})
+        script.widths("wint4", "float8")
 
 
 @pytest.mark.skipif(shutil.which("g++") is None or not _avx512(), reason="needs g++ and an AVX-512 CPU")
@@ -62,6 +66,8 @@ def test_the_replay_reads_the_bytes_of_a_step(tmp_path):
     assert mb == pytest.approx(step_mb(1.0, 0.53125, 2.0), rel=0.01)
     bad = subprocess.run([str(binary), "1"], capture_output=True, text=True)
     assert bad.returncode == 2 and "usage" in bad.stderr
+    zero = subprocess.run([str(binary), *script.shape_args(MOE, 0.5), "2", "1", "0"], capture_output=True, text=True)
+    assert zero.returncode == 2 and "STEPS" in zero.stderr
 
 
 def test_quantizations_it_does_not_replay_are_refused_by_name(monkeypatch, capsys):

@@ -118,7 +118,7 @@ def test_a_waiting_request_is_admitted_before_more_steps_unless_no_seat_is_free(
 
 def test_a_request_decodes_one_step_a_schedule_until_it_has_min_tokens_outputs():
     s = _sched(steps=4)
-    a = _add(s, "a", min_tokens=3)
+    a = _add(s, "a", min_tokens=3, stop_token_ids=[9])
     _prefill(s)  # output 1 of 3
     for want in (1, 1):  # before 3 outputs the sampler bans the stop tokens each step: one step
         out = s.schedule()
@@ -127,6 +127,17 @@ def test_a_request_decodes_one_step_a_schedule_until_it_has_min_tokens_outputs()
     assert a.num_output_tokens == 3
     out = s.schedule()
     assert [x.num_steps for x in out.scheduled] == [4]
+
+
+@pytest.mark.parametrize("eos,ignore_eos,multi", [((2,), False, False), ((2,), True, True), ((), False, True)])
+def test_min_tokens_holds_the_steps_back_only_where_it_bans_a_token(eos, ignore_eos, multi):
+    """No stop_token_ids: min_tokens bans the EOS ids unless ignore_eos, and nothing without them."""
+    s = _sched(steps=4)
+    req = Request("a", [1, 2, 3], SP(min_tokens=5, ignore_eos=ignore_eos), eos_token_ids=eos)
+    req.multi_step = True
+    s.add_request(req)
+    _prefill(s)
+    assert [x.num_steps for x in s.schedule().scheduled] == [4 if multi else 1]
 
 
 def test_too_few_free_blocks_make_one_step_and_preempt_nobody():

@@ -77,3 +77,20 @@ def test_tokens_after_the_stop_string_are_dropped_and_the_request_aborted(tokeni
         tokenizer, ids, SamplingParams(max_tokens=64, stop=[stop]), [len(ids) - 1, 1])
     assert token_ids == ids[:n] and (reason, stop_reason) == ("stop", stop) and stop not in text
     assert aborts == ["r"] and count == n
+
+
+def test_a_stop_string_inside_accepted_drafts_counts_only_the_kept_ones(tokenizer):
+    """A verify step's output is its accepted drafts, then the target's token: cut by a stop string, the
+    accepted count is that of the drafts kept (acceptance stays at most 1)."""
+    ids = [int(t) for t in np.random.default_rng(2).integers(3, 2000, 6)]
+    texts = [tokenizer.decode(ids[:n]) for n in range(len(ids) + 1)]
+    n = next(n for n in range(2, len(ids)) if texts[n] != texts[n - 1])  # output token n - 1 (a draft) adds text
+    stop = texts[n][len(texts[n - 1]):]
+    n = next(k for k in range(1, len(ids) + 1) if stop in texts[k])
+    proc = OutputProcessor(tokenizer)
+    (child,) = proc.add_request("r", None, [1, 2, 3], SamplingParams(max_tokens=64, stop=[stop]))
+    proc.process([EngineCoreOutput(child, ids[:1])])  # the prefill's token
+    results, aborts = proc.process([EngineCoreOutput(child, ids[1:], num_draft_tokens=5, num_accepted_tokens=4)])
+    m = results[-1].metrics
+    assert list(results[-1].outputs[0].token_ids) == ids[:n] and aborts == ["r"]
+    assert (m.num_generation_tokens, m.num_draft_tokens, m.num_accepted_tokens) == (n, 5, min(4, n - 1))

@@ -88,19 +88,24 @@ async def test_concurrent_requests_mixing_greedy_and_sampled(http, multi_http):
 
 
 @pytest.mark.parametrize("include", [False, True])
-async def test_streamed_stop_strings_end_where_the_one_step_engine_ends(http, multi_http, include):
+async def test_streamed_stop_strings_end_where_the_one_step_engine_ends(http, multi_http, include, monkeypatch):
     """A stop string met inside a schedule of 4 tokens: the stream ends at it, with the one-step engine's
     text, finish reason and usage (the tokens after it are not streamed or counted)."""
+    from tests.engine.test_multi_step import _record_schedules
+
     plain = (await _post(http, "/v1/completions", prompt="a stop inside", max_tokens=24, **GREEDY)).json()
     text = plain["choices"][0]["text"]
     stop = text[len(text) // 2:len(text) // 2 + 2]
     body = {"prompt": "a stop inside", "max_tokens": 24, "stop": [stop], "include_stop_str_in_output": include,
             "stream": True, "stream_options": {"include_usage": True}, **GREEDY}
-    got = []
+    got, schedules = [], []
     for client in (http, multi_http):
+        if client is multi_http:
+            schedules = _record_schedules(monkeypatch)
         events = sse_events((await _post(client, "/v1/completions", **body)).text)
         got.append(("".join(c.get("text") or "" for e in events[:-1] for c in e["choices"]),
                     [c["finish_reason"] for e in events[:-1] for c in e["choices"] if c.get("finish_reason")],
                     next(e["usage"] for e in events[:-1] if e.get("usage"))))
     assert got[1] == got[0] and got[0][1] == ["stop"] and got[0][2]["completion_tokens"] < 24
+    assert max(schedules) == 4  # the stop-string request ran several steps a schedule
     assert got[0][0].endswith(stop) == include
