@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from dtypes import cpu_model, decode_seconds  # noqa: E402
 from engine_overhead import checkpoint  # noqa: E402
 
 SOURCE = ROOT / "benchmarks" / "x86_read_pattern" / "read_pattern.cc"
@@ -118,17 +119,9 @@ def replay(binary: Path, shape: list[str], threads: int, steps: int, placed: int
 
 
 def fd_step_ms(llm: Any, steps: int, seed: int) -> float:
-    from fd_core import SamplingParams
-
-    engine = llm.engine
-    rng = np.random.default_rng(seed)
-    engine.add_request(f"sr-{seed}-{time.monotonic_ns()}", [int(t) for t in rng.integers(100, 2000, 128)],
-                       SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True))
-    engine.step()  # the prefill and the first token
-    begin = time.perf_counter()
-    while engine.has_unfinished_requests():
-        engine.step()
-    return (time.perf_counter() - begin) * 1e3 / steps
+    """ms a greedy B=1 decode step, over ``steps`` steps after a 128-token prompt of random ids."""
+    prompt = [int(t) for t in np.random.default_rng(seed).integers(100, 2000, 128)]
+    return decode_seconds(llm, [prompt], steps + 1) * 1e3 / steps  # the first token comes with the prefill
 
 
 def main() -> None:
@@ -160,16 +153,17 @@ def main() -> None:
         parser.error(f"{path}: {e}")
     quantization = CONFIGS[args.quantization][0]
     binary = build(args.build_dir)
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
-    print(f"CPU: {model}; {args.threads} threads; {path}; {quantization}", flush=True)
+    print(f"CPU: {cpu_model()}; {args.threads} threads; {path}; {quantization}", flush=True)
     from fd_core import LLM
 
     begin = time.perf_counter()
     llm = LLM(str(path), backend="x86", quantization=quantization, dtype="auto",
               max_model_len=128 + args.steps + 64, max_num_seqs=1, enable_prefix_caching=False)
     dtype = llm.engine.core.runner.dtype
-    linears, experts, head = widths(args.quantization, dtype)
+    try:
+        linears, experts, head = widths(args.quantization, dtype)
+    except ValueError as e:
+        parser.error(str(e))
     shape = shape_args(config, linears)
     print(f"loaded in {time.perf_counter() - begin:.0f} s; weights {dtype}; replay bytes a weight: linears "
           f"{linears:g}, routed experts {experts:g}, head {head:g}", flush=True)

@@ -243,10 +243,10 @@ class EngineCore:
         with temperature / top-k / top-p / min-p; no bias, bad words, penalties, logits processors, grammar,
         thinking budget, logprobs or early stop), with no speculative decoding (it drafts and verifies its own
         steps). ``min_tokens`` bans the stop tokens only before that many outputs: the scheduler runs such a
-        request one step a schedule until then, where it bans any (``Scheduler._num_steps``). Stop strings do not prevent it:
-        they are matched on the text outside the core, which takes a schedule's tokens one at a time and
-        drops those after the stop (``OutputProcessor``); the core computed them for nothing (the rest of
-        the schedule, and in the server, where the abort crosses a socket, possibly one more schedule)."""
+        request one step a schedule until then, where it bans any (``Scheduler._num_steps``). Stop strings
+        do not prevent it: they are matched on the text outside the core, which takes a schedule's tokens one
+        at a time and drops those after the stop (``OutputProcessor``); the core computed them for nothing
+        (the rest of the schedule, and in the server, where the abort crosses a socket, possibly one more)."""
         p = state.params
         return (self.scheduler_config.num_scheduler_steps > 1 and self.spec is None
                 and not self.sampler.logits_processors and self.sampler.early_stop is None
